@@ -1,0 +1,1 @@
+"""The `traceq` command line: thin click commands over the library."""

@@ -1,0 +1,53 @@
+"""`traceq info TRACE`: what a trace holds."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import FORMAT, echo_json, load
+from traceq.summary import summary
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
+def info(trace: str, fmt: str) -> None:
+    """Show what TRACE holds: events by category, ops, kernels, steps, devices, links."""
+    data = summary(load(trace))
+    if fmt == "json":
+        echo_json(data)
+        return
+    console = Console()
+    table = Table(title=trace, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("schema", f"{data['schema']} (schemaVersion {data['schema_version']})"),
+        ("events", f"{data['events']:,}"),
+        ("duration", f"{data['duration_us']:,.1f} us"),
+        ("ops", f"{data['ops']:,}"),
+        ("kernels", f"{data['kernels']:,} (+ {data['memcpy']} memcpy, {data['memset']} memset)"),
+        ("runtime calls", f"{data['runtime']:,}"),
+        ("steps", ", ".join(map(str, data["steps"])) or "none"),
+        ("modules", f"{data['modules']:,}"),
+    ]
+    if data["rank"] is not None:
+        rows.append(("rank", f"{data['rank']} of {data['world_size']}"))
+    for dev in data["devices"]:
+        util = data["gpu_utilization"].get(dev["device"], 0.0)
+        rows.append(
+            (
+                f"device {dev['device']}",
+                f"{dev['name'] or '?'}: {dev['kernels']:,} kernels on streams "
+                f"{dev['streams']}, busy {dev['busy_us']:,.1f} us ({util:.0%} of its span)",
+            )
+        )
+    top = ", ".join(f"{k} {v:,}" for k, v in list(data["by_category"].items())[:8])
+    rows.append(("by category", top))
+    unlinked = ", ".join(f"{k} {v:,}" for k, v in data["unlinked"].items()) or "none"
+    rows.append(("not linked", unlinked))
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)

@@ -1,0 +1,45 @@
+"""`traceq query TRACE SQL`: SQL over the trace's frames."""
+
+from __future__ import annotations
+
+import click
+import polars as pl
+
+from cli.common import load
+from traceq import TraceError
+
+
+class QueryError(TraceError):
+    """The SQL could not run: a syntax error, an unknown table or column."""
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("sql")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text")
+@click.option("--limit", type=int, default=50, show_default=True, help="Rows shown as text.")
+def query(trace: str, sql: str, fmt: str, limit: int) -> None:
+    """Run SQL over TRACE's frames: events, ops, kernels, runtime, annotations, steps,
+    python, modules, flows, flow_points, syncs, counters, instants, threads, other.
+
+    Example: traceq query t.json "SELECT name, sum(dur_ns)/1e3 AS us FROM kernels
+    GROUP BY name ORDER BY us DESC LIMIT 5"
+    """
+    loaded = load(trace)
+    try:
+        result = loaded.sql(sql)
+    except (pl.exceptions.PolarsError, ValueError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QueryError(f"SQL failed: {message}") from None
+    if fmt == "json":
+        click.echo(result.write_json())
+    elif fmt == "csv":
+        flat = result.with_columns(
+            pl.col(c).map_elements(str, return_dtype=pl.String)
+            for c, t in result.schema.items()
+            if t.is_nested()
+        )
+        click.echo(flat.write_csv(), nl=False)
+    else:
+        with pl.Config(tbl_rows=limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=160):
+            click.echo(result)

@@ -1,0 +1,415 @@
+"""Splits the raw event frame into the typed frames users query: ops, kernels, runtime, ...
+
+Each frame keeps the `event` column (the entry's index in `traceEvents`) so any row leads
+back to its raw event and `args` in `Trace.events`. Columns are named in the trace's own
+words (`correlation`, `external_id`, `stream`) with units in the name (`ts_ns`, `dur_ns`).
+Arguments are pulled out of `args` by a second NDJSON parse of just that frame's `args`
+text, which stays robust when a field's type varies (Kineto writes `stream` as an int,
+ROCm runtime calls as "0x0").
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# Which frame each event category lands in (lower-cased `cat`; phases handled apart).
+OP_CATS = ("cpu_op", "operator")
+GPU_CATS = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "memset": "memset",
+    "mtia_ccp_events": "kernel",
+}
+RUNTIME_CATS = {
+    "cuda_runtime": "runtime",
+    "runtime": "runtime",
+    "cuda_driver": "driver",
+    "mtia_runtime": "runtime",
+}
+ANNOTATION_CATS = {"user_annotation": "cpu", "gpu_user_annotation": "gpu"}
+PYTHON_CATS = ("python_function",)
+SYNC_CATS = ("cuda_sync",)
+FLOW_PHASES = ("s", "t", "f")
+INSTANT_PHASES = ("i", "I")
+STEP_NAME = r"^ProfilerStep#(\d+)$"
+MODULE_PREFIX = "nn.Module: "
+
+_SHAPE_TEXT = r"^\[(?:\s*\[[-0-9,\s]*\]\s*,?)*\]$"  # a list of int lists, nothing deeper
+
+
+def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
+    """Text of the chosen `args` keys, one column each (renamed), row-aligned with `args`."""
+    schema = {key: pl.String() for key in fields}
+    if args.len() == 0:
+        return pl.DataFrame(schema=schema).rename(fields)
+    text = args.fill_null("{}").str.join("\n").item()
+    return pl.read_ndjson(text.encode(), schema=schema).rename(fields)
+
+
+def as_int(column: str) -> pl.Expr:
+    """Integer from text such as '7', 'stream 7' or '3.0'; null when there is none."""
+    text = pl.col(column).str.strip_chars()
+    plain = text.cast(pl.Int64, strict=False)
+    trailing = text.str.extract(r"(-?\d+)$").cast(pl.Int64, strict=False)
+    return pl.coalesce(
+        plain, text.cast(pl.Float64, strict=False).cast(pl.Int64, strict=False), trailing
+    )
+
+
+def as_float(column: str) -> pl.Expr:
+    return pl.col(column).cast(pl.Float64, strict=False)
+
+
+def int_list(column: str) -> pl.Expr:
+    """'[24, 1, 1]' -> [24, 1, 1]."""
+    text = pl.col(column)
+    ok = text.str.contains(r"^\[[-0-9,\s]*\]$")
+    return pl.when(ok).then(text).str.json_decode(pl.List(pl.Int64))
+
+
+def shapes(column: str) -> pl.Expr:
+    """'[[8, 768], [], [1]]' -> [[8, 768], [], [1]]; deeper nesting (tensor lists) -> null."""
+    text = pl.col(column)
+    ok = text.str.contains(_SHAPE_TEXT)
+    return pl.when(ok).then(text).str.json_decode(pl.List(pl.List(pl.Int64)))
+
+
+def str_list(column: str) -> pl.Expr:
+    """'["float", "c10::BFloat16"]' -> ["float", "c10::BFloat16"]."""
+    text = pl.col(column)
+    ok = text.str.contains(r'^\[\s*(?:"(?:[^"\\]|\\.)*"\s*,?\s*)*\]$')
+    return pl.when(ok).then(text).str.json_decode(pl.List(pl.String))
+
+
+def _base(events: pl.DataFrame) -> pl.DataFrame:
+    return events.select(
+        "event",
+        "name",
+        as_int("pid").alias("pid"),
+        as_int("tid").alias("tid"),
+        "ts_ns",
+        "dur_ns",
+        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
+    )
+
+
+def _with_args(base: pl.DataFrame, args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
+    return pl.concat([base, args_frame(args, fields)], how="horizontal")
+
+
+def _cat() -> pl.Expr:
+    return pl.col("cat").str.to_lowercase()
+
+
+def ops(events: pl.DataFrame) -> pl.DataFrame:
+    """CPU operators (`aten::*`, autograd nodes, record_function ranges recorded as ops)."""
+    rows = events.filter((pl.col("ph") == "X") & _cat().is_in(OP_CATS))
+    fields = {
+        "External id": "_external_id",
+        "external id": "_external_id_old",
+        "Sequence number": "_sequence_number",
+        "Fwd thread id": "_fwd_thread_id",
+        "Record function id": "_record_function_id",
+        "Input Dims": "input_dims",
+        "Input dims": "_input_dims_old",
+        "Input type": "_input_types",
+        "Input Strides": "_input_strides",
+        "Concrete Inputs": "_concrete_inputs",
+    }
+    df = _with_args(_base(rows), rows["args"], fields)
+    return (
+        df.with_columns(
+            pl.coalesce(as_int("_external_id"), as_int("_external_id_old")).alias("external_id"),
+            as_int("_sequence_number").alias("sequence_number"),
+            as_int("_fwd_thread_id").alias("fwd_thread_id"),
+            as_int("_record_function_id").alias("record_function_id"),
+            pl.coalesce("input_dims", "_input_dims_old").alias("input_dims"),
+        )
+        .with_columns(
+            shapes("input_dims").alias("shapes"),
+            str_list("_input_types").alias("input_types"),
+            shapes("_input_strides").alias("input_strides"),
+            str_list("_concrete_inputs").alias("concrete_inputs"),
+        )
+        .drop(pl.selectors.starts_with("_"))
+    )
+
+
+def kernels(events: pl.DataFrame) -> pl.DataFrame:
+    """GPU activities: kernels, memcpys and memsets, each on a device and stream."""
+    rows = events.filter((pl.col("ph") == "X") & _cat().is_in(list(GPU_CATS)))
+    fields = {
+        "device": "_device",
+        "stream": "_stream",
+        "correlation": "_correlation",
+        "External id": "_external_id",
+        "external id": "_external_id_old",
+        "grid": "_grid",
+        "block": "_block",
+        "registers per thread": "_registers",
+        "shared memory": "_shared_memory",
+        "blocks per SM": "_blocks_per_sm",
+        "warps per SM": "_warps_per_sm",
+        "est. achieved occupancy %": "_occupancy",
+        "bytes": "_bytes",
+        "memory bandwidth (GB/s)": "_bandwidth",
+        "queued": "_queued",
+        "context": "_context",
+    }
+    df = _with_args(_base(rows), rows["args"], fields)
+    kind = rows.select(_cat().replace_strict(GPU_CATS, default="kernel").alias("kind"))
+    return pl.concat([df, kind], how="horizontal").select(
+        "event",
+        "kind",
+        "name",
+        pl.coalesce(as_int("_device"), pl.col("pid")).alias("device"),
+        pl.coalesce(as_int("_stream"), pl.col("tid")).alias("stream"),
+        "ts_ns",
+        "dur_ns",
+        "end_ns",
+        as_int("_correlation").alias("correlation"),
+        pl.coalesce(as_int("_external_id"), as_int("_external_id_old")).alias("external_id"),
+        int_list("_grid").alias("grid"),
+        int_list("_block").alias("block"),
+        as_int("_registers").alias("registers_per_thread"),
+        as_int("_shared_memory").alias("shared_memory"),
+        as_float("_blocks_per_sm").alias("blocks_per_sm"),
+        as_float("_warps_per_sm").alias("warps_per_sm"),
+        as_float("_occupancy").alias("occupancy_pct"),
+        as_int("_bytes").alias("bytes"),
+        as_float("_bandwidth").alias("bandwidth_gbs"),
+        as_int("_queued").alias("queued"),
+        as_int("_context").alias("context"),
+    )
+
+
+def runtime(events: pl.DataFrame) -> pl.DataFrame:
+    """Host-side runtime and driver calls (`cudaLaunchKernel`, `hipMemcpyAsync`, ...)."""
+    rows = events.filter((pl.col("ph") == "X") & _cat().is_in(list(RUNTIME_CATS)))
+    fields = {
+        "correlation": "_correlation",
+        "External id": "_external_id",
+        "external id": "_external_id_old",
+        "cbid": "_cbid",
+        "cid": "_cid",
+        "stream": "stream_arg",
+    }
+    df = _with_args(_base(rows), rows["args"], fields)
+    kind = rows.select(_cat().replace_strict(RUNTIME_CATS, default="runtime").alias("kind"))
+    return pl.concat([df, kind], how="horizontal").select(
+        "event",
+        "kind",
+        "name",
+        "pid",
+        "tid",
+        "ts_ns",
+        "dur_ns",
+        "end_ns",
+        as_int("_correlation").alias("correlation"),
+        pl.coalesce(as_int("_external_id"), as_int("_external_id_old")).alias("external_id"),
+        pl.coalesce(as_int("_cbid"), as_int("_cid")).alias("cbid"),
+        "stream_arg",
+    )
+
+
+def annotations(events: pl.DataFrame) -> pl.DataFrame:
+    """`record_function` ranges on the CPU and their mirrors on GPU streams."""
+    rows = events.filter((pl.col("ph") == "X") & _cat().is_in(list(ANNOTATION_CATS)))
+    fields = {"External id": "_external_id", "device": "_device", "stream": "_stream"}
+    df = _with_args(_base(rows), rows["args"], fields)
+    kind = rows.select(_cat().replace_strict(ANNOTATION_CATS).alias("kind"))
+    return pl.concat([df, kind], how="horizontal").select(
+        "event",
+        "kind",
+        "name",
+        "pid",
+        "tid",
+        "ts_ns",
+        "dur_ns",
+        "end_ns",
+        as_int("_external_id").alias("external_id"),
+        pl.when(pl.col("kind") == "gpu")
+        .then(pl.coalesce(as_int("_device"), "pid"))
+        .alias("device"),
+        pl.when(pl.col("kind") == "gpu")
+        .then(pl.coalesce(as_int("_stream"), "tid"))
+        .alias("stream"),
+    )
+
+
+def steps(events: pl.DataFrame) -> pl.DataFrame:
+    """`ProfilerStep#N` windows on the CPU; every op and kernel is attributed to one."""
+    rows = events.filter(
+        (pl.col("ph") == "X")
+        & (_cat() != "gpu_user_annotation")
+        & pl.col("name").str.contains(STEP_NAME)
+    )
+    return (
+        _base(rows)
+        .with_columns(pl.col("name").str.extract(STEP_NAME).cast(pl.Int64).alias("step"))
+        .unique("step", keep="first", maintain_order=True)
+        .sort("ts_ns")
+        .select("step", "event", "name", "pid", "tid", "ts_ns", "dur_ns", "end_ns")
+    )
+
+
+def python(events: pl.DataFrame) -> pl.DataFrame:
+    """Python frames (`with_stack`) and `nn.Module` calls (`with_modules`)."""
+    rows = events.filter((pl.col("ph") == "X") & _cat().is_in(PYTHON_CATS))
+    fields = {
+        "Python id": "_python_id",
+        "Python parent id": "_python_parent_id",
+        "Python thread": "_python_thread",
+        "Python module id": "_python_module_id",
+    }
+    df = _with_args(_base(rows), rows["args"], fields)
+    return df.select(
+        "event",
+        "name",
+        "pid",
+        "tid",
+        "ts_ns",
+        "dur_ns",
+        "end_ns",
+        as_int("_python_id").alias("python_id"),
+        as_int("_python_parent_id").alias("python_parent_id"),
+        as_int("_python_thread").alias("python_thread"),
+        as_int("_python_module_id").alias("python_module_id"),
+        pl.col("name").str.starts_with(MODULE_PREFIX).alias("is_module"),
+    )
+
+
+def syncs(events: pl.DataFrame) -> pl.DataFrame:
+    """CUDA synchronization records (`cuda_sync`): event syncs and cross-stream waits."""
+    rows = events.filter((pl.col("ph") == "X") & _cat().is_in(SYNC_CATS))
+    fields = {
+        "cuda_sync_kind": "sync_kind",
+        "device": "_device",
+        "stream": "_stream",
+        "correlation": "_correlation",
+        "External id": "_external_id",
+        "wait_on_stream": "_wait_on_stream",
+        "wait_on_cuda_event_record_corr_id": "_wait_on_record",
+        "event": "_cuda_event",
+    }
+    df = _with_args(_base(rows), rows["args"], fields)
+    return df.select(
+        "event",
+        "name",
+        "sync_kind",
+        pl.coalesce(as_int("_device"), "pid").alias("device"),
+        pl.coalesce(as_int("_stream"), "tid").alias("stream"),
+        "ts_ns",
+        "dur_ns",
+        "end_ns",
+        as_int("_correlation").alias("correlation"),
+        as_int("_external_id").alias("external_id"),
+        as_int("_wait_on_stream").alias("wait_on_stream"),
+        as_int("_wait_on_record").alias("wait_on_record_correlation"),
+        as_int("_cuda_event").alias("cuda_event"),
+    )
+
+
+def flow_points(events: pl.DataFrame) -> pl.DataFrame:
+    """Flow start/step/end points (`ac2g`, `fwdbwd`, old `async`): one row per point."""
+    rows = events.filter(pl.col("ph").is_in(FLOW_PHASES))
+    return rows.select(
+        "event",
+        "ph",
+        "cat",
+        "name",
+        pl.col("id").alias("flow_id"),
+        as_int("pid").alias("pid"),
+        as_int("tid").alias("tid"),
+        "ts_ns",
+        "bp",
+    )
+
+
+def flows(points: pl.DataFrame) -> pl.DataFrame:
+    """Start and end of each flow, paired by (category, id); a missing end stays null."""
+    start = points.filter(pl.col("ph") == "s").unique(["cat", "flow_id"], keep="first")
+    end = points.filter(pl.col("ph") == "f").unique(["cat", "flow_id"], keep="first")
+    cols = ["event", "pid", "tid", "ts_ns"]
+    return (
+        start.select("cat", "flow_id", *cols)
+        .join(
+            end.select("cat", "flow_id", *cols),
+            on=["cat", "flow_id"],
+            how="full",
+            coalesce=True,
+            suffix="_end",
+        )
+        .rename(
+            {"event": "start_event", "pid": "start_pid", "tid": "start_tid", "ts_ns": "start_ts_ns"}
+        )
+        .rename(
+            {
+                "event_end": "end_event",
+                "pid_end": "end_pid",
+                "tid_end": "end_tid",
+                "ts_ns_end": "end_ts_ns",
+            }
+        )
+        .sort("start_ts_ns", nulls_last=True)
+    )
+
+
+def counters(events: pl.DataFrame) -> pl.DataFrame:
+    """Counter samples (ph C); the values stay in `args`."""
+    rows = events.filter(pl.col("ph") == "C")
+    return rows.select("event", "name", as_int("pid").alias("pid"), "ts_ns", "args")
+
+
+def instants(events: pl.DataFrame) -> pl.DataFrame:
+    """Instant events (memory allocations `[memory]`, iteration marks, ...)."""
+    rows = events.filter(pl.col("ph").is_in(INSTANT_PHASES))
+    return rows.select(
+        "event",
+        "cat",
+        "name",
+        as_int("pid").alias("pid"),
+        as_int("tid").alias("tid"),
+        "ts_ns",
+        pl.col("s").alias("scope"),
+    )
+
+
+def threads(events: pl.DataFrame) -> pl.DataFrame:
+    """Metadata events (ph M): process and thread names, sort indices, labels."""
+    rows = events.filter(pl.col("ph") == "M")
+    values = args_frame(rows["args"], {"name": "_name", "sort_index": "_sort", "labels": "_labels"})
+    return pl.concat([rows.select("event", "name", "pid", "tid"), values], how="horizontal").select(
+        "event",
+        pl.col("name").alias("kind"),
+        as_int("pid").alias("pid"),
+        as_int("tid").alias("tid"),
+        pl.col("pid").alias("pid_text"),
+        pl.col("tid").alias("tid_text"),
+        pl.coalesce("_name", "_labels", "_sort").alias("value"),
+    )
+
+
+def modeled(events: pl.DataFrame) -> pl.Expr:
+    """True for events that one of the frames above models."""
+    cat = _cat()
+    known = (
+        list(OP_CATS)
+        + list(GPU_CATS)
+        + list(RUNTIME_CATS)
+        + list(ANNOTATION_CATS)
+        + list(PYTHON_CATS)
+        + list(SYNC_CATS)
+    )
+    return ((pl.col("ph") == "X") & cat.is_in(known)) | pl.col("ph").is_in(
+        [*FLOW_PHASES, *INSTANT_PHASES, "C", "M"]
+    )
+
+
+def other(events: pl.DataFrame) -> pl.DataFrame:
+    """Events no frame models (e.g. `Trace` spans, CUPTI ranges, unknown categories)."""
+    return events.filter(~modeled(events)).select(
+        "event", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"
+    )

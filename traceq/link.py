@@ -1,0 +1,173 @@
+"""Relations between frames: op nesting, launches, steps and modules.
+
+Every link is a join on the profiler's own keys (`correlation`, `External id`) or an
+interval containment on one thread (`nesting`); nothing here loops over rows in Python.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from traceq.frames import MODULE_PREFIX
+from traceq.nesting import NONE, depths, enclosing, parents
+
+LAUNCH_API = (
+    r"(?i)^(cuda|cu|hip|hipExt)(LaunchKernel|LaunchCooperativeKernel|LaunchKernelExC|"
+    r"ModuleLaunchKernel|ExtModuleLaunchKernel|Memcpy\w*Async|Memset\w*Async|GraphLaunch)"
+)
+
+
+def _groups(*frames: pl.DataFrame) -> list[np.ndarray]:
+    """Dense integer ids for (pid, tid), shared by all the given frames."""
+    keys = pl.concat([f.select("pid", "tid") for f in frames]).unique()
+    keys = keys.with_row_index("_group")
+    return [
+        f.select("pid", "tid")
+        .join(keys, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left")[
+            "_group"
+        ]
+        .cast(pl.Int64)
+        .to_numpy()
+        for f in frames
+    ]
+
+
+def _intervals(frame: pl.DataFrame, group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return group, frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()
+
+
+def _events_at(frame: pl.DataFrame, index: np.ndarray) -> pl.Series:
+    """`event` ids of `frame` at positions `index` (-1 -> null)."""
+    return frame["event"].cast(pl.Int64).gather(_positions(index))
+
+
+def _positions(index: np.ndarray) -> pl.Series:
+    return pl.Series(index, dtype=pl.Int64).replace(NONE, None)
+
+
+def nest_ops(ops: pl.DataFrame) -> pl.DataFrame:
+    """Add `parent` (event id of the enclosing op on the same thread) and `depth`."""
+    (group,) = _groups(ops)
+    parent = parents(*_intervals(ops, group))
+    return ops.with_columns(
+        _events_at(ops, parent).alias("parent"),
+        pl.Series("depth", depths(parent)),
+    )
+
+
+def enclosing_op(rows: pl.DataFrame, ops: pl.DataFrame) -> pl.Series:
+    """Event id of the innermost op enclosing each row on its thread (runtime calls, ...)."""
+    if rows.height == 0:
+        return pl.Series([], dtype=pl.Int64)
+    row_group, op_group = _groups(rows, ops)
+    op_parent = parents(*_intervals(ops, op_group))
+    found = enclosing(_intervals(rows, row_group), _intervals(ops, op_group), op_parent)
+    return _events_at(ops, found)
+
+
+def link_runtime(runtime: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Add `op_event`: the CPU op a runtime call was made from."""
+    return runtime.with_columns(enclosing_op(runtime, ops).alias("op_event"))
+
+
+def link_kernels(kernels: pl.DataFrame, runtime: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Add `runtime_event`, `launch_ts_ns`, `launch_tid` and `op_event` to each GPU activity.
+
+    Launch by correlation id; the op from the launch, else by `External id`.
+    """
+    launches = (
+        runtime.filter(pl.col("correlation").is_not_null())
+        .unique("correlation", keep="first")
+        .select(
+            "correlation",
+            pl.col("event").alias("runtime_event"),
+            pl.col("ts_ns").alias("launch_ts_ns"),
+            pl.col("pid").alias("launch_pid"),
+            pl.col("tid").alias("launch_tid"),
+            pl.col("op_event").alias("_launch_op"),
+        )
+    )
+    by_external = (
+        ops.filter(pl.col("external_id").is_not_null())
+        .unique("external_id", keep="first")
+        .select("external_id", pl.col("event").alias("_external_op"))
+    )
+    return (
+        kernels.join(launches, on="correlation", how="left", maintain_order="left")
+        .join(by_external, on="external_id", how="left", maintain_order="left")
+        .with_columns(pl.coalesce("_launch_op", "_external_op").alias("op_event"))
+        .drop("_launch_op", "_external_op")
+    )
+
+
+def step_of(frame: pl.DataFrame, steps: pl.DataFrame, ts: str = "ts_ns") -> pl.Series:
+    """The `ProfilerStep#N` whose CPU window holds each row's `ts` (null outside steps)."""
+    if steps.height == 0 or frame.height == 0:
+        return pl.Series("step", [None] * frame.height, dtype=pl.Int64)
+    windows = steps.select(
+        "step", pl.col("ts_ns").alias("_start"), pl.col("end_ns").alias("_end")
+    ).sort("_start")
+    probe = frame.select(pl.col(ts).alias("_t")).with_row_index("_row")
+    found = (
+        probe.filter(pl.col("_t").is_not_null())
+        .sort("_t")
+        .join_asof(windows, left_on="_t", right_on="_start", strategy="backward")
+        .with_columns(pl.when(pl.col("_t") < pl.col("_end")).then("step").alias("step"))
+    )
+    return probe.join(found.select("_row", "step"), on="_row", how="left", maintain_order="left")[
+        "step"
+    ]
+
+
+def attribute_steps(frames: dict[str, pl.DataFrame]) -> None:
+    """Give ops, runtime, annotations, python frames and kernels their step, in place."""
+    steps = frames["steps"]
+    for name in ("ops", "runtime", "annotations", "python"):
+        frames[name] = frames[name].with_columns(step_of(frames[name], steps).alias("step"))
+    kernels = frames["kernels"]
+    by_launch = step_of(kernels, steps, ts="launch_ts_ns")
+    by_time = step_of(kernels, steps)
+    frames["kernels"] = kernels.with_columns(pl.coalesce(by_launch, by_time).alias("step"))
+
+
+def modules(python: pl.DataFrame) -> pl.DataFrame:
+    """`nn.Module` calls as a tree: `module` (class_index), `path` (dotted, root first)."""
+    rows = python.filter(pl.col("is_module"))
+    (group,) = _groups(rows)
+    parent = parents(*_intervals(rows, group))
+    names = rows["name"].str.strip_prefix(MODULE_PREFIX).to_list()
+    paths = list(names)
+    # Paths are strings built root-first; depth is small, so this walks levels, not rows.
+    depth = depths(parent)
+    order = np.argsort(depth, kind="stable")
+    for i in order:
+        if parent[i] != NONE:
+            paths[i] = f"{paths[parent[i]]}.{names[i]}"
+    return rows.select(
+        "event", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "python_id"
+    ).with_columns(
+        pl.Series("module", names, dtype=pl.String),
+        pl.Series("path", paths, dtype=pl.String),
+        _events_at(rows, parent).alias("parent"),
+        pl.Series("depth", depth),
+    )
+
+
+def attribute_modules(frame: pl.DataFrame, mods: pl.DataFrame) -> pl.Series:
+    """The dotted path of the innermost module call enclosing each row, or null.
+
+    Module frames are matched on the same thread when the trace gives Python frames real
+    thread ids; some profiler versions record them on tid 0, then time alone decides.
+    """
+    if mods.height == 0 or frame.height == 0:
+        return pl.Series("module", [None] * frame.height, dtype=pl.String)
+    shared = set(frame["tid"].unique().to_list()) & set(mods["tid"].unique().to_list())
+    if shared:
+        row_group, mod_group = _groups(frame, mods)
+    else:
+        row_group = np.zeros(frame.height, dtype=np.int64)
+        mod_group = np.zeros(mods.height, dtype=np.int64)
+    mod_parent = parents(*_intervals(mods, mod_group))
+    found = enclosing(_intervals(frame, row_group), _intervals(mods, mod_group), mod_parent)
+    return mods["path"].gather(_positions(found)).alias("module")

@@ -1,0 +1,64 @@
+"""`load`: bytes -> decoded events -> typed, linked frames -> `Trace`."""
+
+from __future__ import annotations
+
+import os
+from typing import BinaryIO
+
+import polars as pl
+
+from traceq import frames as F
+from traceq import link
+from traceq.decode import decode
+from traceq.errors import TraceError
+from traceq.source import describe, read_bytes
+from traceq.trace import Trace
+
+
+def load(src: str | os.PathLike[str] | BinaryIO) -> Trace:
+    """Load a Kineto/Chrome trace (`.json`, `.json.gz`, path or binary file) into a `Trace`.
+
+    Raises a `TraceError` subclass, with the file name in its message, on bad input.
+    """
+    name = describe(src)
+    try:
+        decoded = decode(read_bytes(src))
+        frames = build_frames(decoded.events)
+    except TraceError as exc:
+        if exc.source is None:
+            raise type(exc)(str(exc), source=name) from None
+        raise
+    return Trace(source=name, metadata=decoded.metadata, events=decoded.events, frames=frames)
+
+
+def build_frames(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """All typed frames of one trace, linked to each other."""
+    ops = link.nest_ops(F.ops(events))
+    runtime = link.link_runtime(F.runtime(events), ops)
+    kernels = link.link_kernels(F.kernels(events), runtime, ops)
+    python = F.python(events)
+    modules = link.modules(python)
+    points = F.flow_points(events)
+    frames = {
+        "ops": ops,
+        "kernels": kernels,
+        "runtime": runtime,
+        "annotations": F.annotations(events),
+        "steps": F.steps(events),
+        "python": python,
+        "modules": modules,
+        "flows": F.flows(points),
+        "flow_points": points,
+        "syncs": F.syncs(events),
+        "counters": F.counters(events),
+        "instants": F.instants(events),
+        "threads": F.threads(events),
+        "other": F.other(events),
+    }
+    link.attribute_steps(frames)
+    frames["ops"] = frames["ops"].with_columns(link.attribute_modules(frames["ops"], modules))
+    op_modules = frames["ops"].select(pl.col("event").alias("op_event"), pl.col("module"))
+    frames["kernels"] = frames["kernels"].join(
+        op_modules, on="op_event", how="left", maintain_order="left"
+    )
+    return frames

@@ -1,0 +1,261 @@
+"""`Trace`: one loaded profile — its frames, its metadata, and the questions asked most."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import polars as pl
+
+from traceq.link import LAUNCH_API
+
+FRAME_NAMES = (
+    "ops",
+    "kernels",
+    "runtime",
+    "annotations",
+    "steps",
+    "python",
+    "modules",
+    "flows",
+    "flow_points",
+    "syncs",
+    "counters",
+    "instants",
+    "threads",
+    "other",
+)
+
+
+@dataclass
+class Trace:
+    """A loaded trace. Frames are Polars DataFrames; `events` holds every raw event + `args`."""
+
+    source: str
+    metadata: dict[str, Any]
+    events: pl.DataFrame
+    frames: dict[str, pl.DataFrame] = field(repr=False)
+
+    # -- frames -----------------------------------------------------------------------
+    @property
+    def ops(self) -> pl.DataFrame:
+        return self.frames["ops"]
+
+    @property
+    def kernels(self) -> pl.DataFrame:
+        return self.frames["kernels"]
+
+    @property
+    def runtime(self) -> pl.DataFrame:
+        return self.frames["runtime"]
+
+    @property
+    def annotations(self) -> pl.DataFrame:
+        return self.frames["annotations"]
+
+    @property
+    def steps(self) -> pl.DataFrame:
+        return self.frames["steps"]
+
+    @property
+    def python(self) -> pl.DataFrame:
+        return self.frames["python"]
+
+    @property
+    def modules(self) -> pl.DataFrame:
+        return self.frames["modules"]
+
+    @property
+    def flows(self) -> pl.DataFrame:
+        return self.frames["flows"]
+
+    @property
+    def syncs(self) -> pl.DataFrame:
+        return self.frames["syncs"]
+
+    @property
+    def counters(self) -> pl.DataFrame:
+        return self.frames["counters"]
+
+    @property
+    def instants(self) -> pl.DataFrame:
+        return self.frames["instants"]
+
+    @property
+    def threads(self) -> pl.DataFrame:
+        return self.frames["threads"]
+
+    @property
+    def other(self) -> pl.DataFrame:
+        return self.frames["other"]
+
+    def with_args(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """`frame` with the raw `args` JSON of each row's event joined back on."""
+        return frame.join(self.events.select("event", "args"), on="event", how="left")
+
+    # -- metadata ---------------------------------------------------------------------
+    @property
+    def schema(self) -> str:
+        """'kineto' (today's categories), 'kineto-2021' (Operator/Kernel/Runtime) or 'chrome'."""
+        cats = set(self.events["cat"].drop_nulls().unique().to_list())
+        if cats & {"cpu_op", "kernel", "cuda_runtime", "user_annotation", "python_function"}:
+            return "kineto"
+        if cats & {"Operator", "Kernel", "Runtime", "Memcpy", "Memset"}:
+            return "kineto-2021"
+        return "chrome"
+
+    @property
+    def schema_version(self) -> Any:
+        return self.metadata.get("schemaVersion")
+
+    @property
+    def device_properties(self) -> list[dict[str, Any]]:
+        props = self.metadata.get("deviceProperties")
+        return props if isinstance(props, list) else []
+
+    @property
+    def distributed(self) -> dict[str, Any]:
+        info = self.metadata.get("distributedInfo")
+        return info if isinstance(info, dict) else {}
+
+    @property
+    def rank(self) -> int | None:
+        return self.distributed.get("rank")
+
+    @property
+    def world_size(self) -> int | None:
+        return self.distributed.get("world_size")
+
+    @property
+    def base_time_ns(self) -> int | None:
+        return self.metadata.get("baseTimeNanoseconds")
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.metadata.get("trace_id")
+
+    @property
+    def versions(self) -> dict[str, Any]:
+        """CUDA/ROCm/CUPTI versions the profiler wrote at the top level."""
+        keys = [k for k in self.metadata if k.endswith("_version")]
+        return {k: self.metadata[k] for k in sorted(keys)}
+
+    def device_name(self, device: int = 0) -> str | None:
+        for prop in self.device_properties:
+            if prop.get("id") == device:
+                return prop.get("name")
+        return None
+
+    # -- questions --------------------------------------------------------------------
+    @cached_property
+    def unlinked(self) -> dict[str, int]:
+        """Counts of what could not be linked or modeled; reported, never silently dropped."""
+        kernels, runtime, flows = self.kernels, self.runtime, self.flows
+        launches = runtime.filter(
+            pl.col("name").str.contains(LAUNCH_API) & pl.col("correlation").is_not_null()
+        )
+        counts = {
+            "kernels_without_launch": kernels.filter(pl.col("runtime_event").is_null()).height,
+            "kernels_without_op": kernels.filter(pl.col("op_event").is_null()).height,
+            "launches_without_kernel": launches.join(
+                kernels.select("correlation").unique(), on="correlation", how="anti"
+            ).height,
+            "flows_without_end": flows.filter(pl.col("end_event").is_null()).height,
+            "flows_without_start": flows.filter(pl.col("start_event").is_null()).height,
+            "events_not_modeled": self.other.height,
+        }
+        return {k: v for k, v in counts.items() if v}
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """Run SQL over the frames (tables: events, ops, kernels, runtime, steps, ...)."""
+        ctx = pl.SQLContext(frames={"events": self.events, **self.frames}, eager=True)
+        return ctx.execute(query)
+
+    def kernels_of(self, target: str | int) -> pl.DataFrame:
+        """GPU activities launched by an op (event id or name, descendants included) or under
+        a module (dotted path or a prefix of it, e.g. 'MLP_0' or 'Model_0.Layer_3')."""
+        ops = self.ops
+        if isinstance(target, int):
+            roots = ops.filter(pl.col("event") == target)
+        elif ops.filter(pl.col("name") == target).height:
+            roots = ops.filter(pl.col("name") == target)
+        else:
+            module = pl.col("module")
+            under = (module == target) | module.str.starts_with(f"{target}.")
+            return self.kernels.filter(under).sort("ts_ns")
+        selected = roots.select("event")
+        frontier = selected
+        while frontier.height:
+            frontier = ops.join(
+                frontier.rename({"event": "parent"}), on="parent", how="semi"
+            ).select("event")
+            selected = pl.concat([selected, frontier])
+        return self.kernels.join(
+            selected.rename({"event": "op_event"}).unique(), on="op_event", how="semi"
+        ).sort("ts_ns")
+
+    def step_times(self) -> pl.DataFrame:
+        """Per step: CPU wall time, and GPU time and kernel count of what the step launched."""
+        gpu = self.kernels.group_by("step").agg(
+            pl.col("dur_ns").sum().alias("gpu_ns"), pl.len().alias("kernels")
+        )
+        return (
+            self.steps.select("step", pl.col("dur_ns").alias("cpu_ns"))
+            .join(gpu, on="step", how="left")
+            .with_columns(pl.col("gpu_ns").fill_null(0), pl.col("kernels").fill_null(0))
+            .sort("step")
+        )
+
+    def top_kernels(self, n: int = 10) -> pl.DataFrame:
+        """The kernels that take the most GPU time, grouped by name."""
+        total = self.kernels["dur_ns"].sum() or 1
+        return (
+            self.kernels.group_by("name")
+            .agg(
+                pl.len().alias("count"),
+                pl.col("dur_ns").sum().alias("total_ns"),
+                pl.col("dur_ns").mean().alias("mean_ns"),
+            )
+            .with_columns((100 * pl.col("total_ns") / total).alias("pct"))
+            .sort("total_ns", descending=True)
+            .head(n)
+        )
+
+    def gpu_busy(self) -> pl.DataFrame:
+        """Per device: busy time (union of activity intervals over all streams), idle time
+        within the span of its activities, and utilization."""
+        spans = self.kernels.select("device", "ts_ns", "end_ns").sort("device", "ts_ns")
+        merged = spans.with_columns(
+            pl.col("end_ns").cum_max().shift(1).over("device").alias("_reach")
+        ).with_columns(
+            (pl.col("_reach").is_null() | (pl.col("ts_ns") > pl.col("_reach")))
+            .cum_sum()
+            .over("device")
+            .alias("_block")
+        )
+        blocks = merged.group_by("device", "_block").agg(
+            pl.col("ts_ns").min().alias("start"), pl.col("end_ns").max().alias("end")
+        )
+        return (
+            blocks.group_by("device")
+            .agg(
+                (pl.col("end") - pl.col("start")).sum().alias("busy_ns"),
+                (pl.col("end").max() - pl.col("start").min()).alias("span_ns"),
+            )
+            .with_columns(
+                (pl.col("span_ns") - pl.col("busy_ns")).alias("idle_ns"),
+                (pl.col("busy_ns") / pl.col("span_ns")).alias("utilization"),
+            )
+            .sort("device")
+        )
+
+    @property
+    def duration_ns(self) -> int:
+        """From the first event's start to the last event's end."""
+        timed = self.events.filter(pl.col("ph") != "M")
+        if timed.height == 0:
+            return 0
+        end = (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()
+        start = pl.col("ts_ns").min()
+        return int(timed.select(end - start).item() or 0)

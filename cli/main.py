@@ -1,18 +1,44 @@
-"""Entry point: the `traceq` group, and one-line errors with exit 2 for bad input."""
+"""Entry point: the `traceq` group, and one-line errors with exit 2 for bad input.
+
+Commands are imported when used, so `traceq info` never imports torch (only `zoo` needs it).
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 
 import click
 
-from cli.info import info
-from cli.query import query
 from traceq import TraceError, __version__
+
+COMMANDS = {
+    "info": "cli.info:info",
+    "query": "cli.query:query",
+    "analyze": "cli.analyze:analyze",
+    "rules": "cli.rules:rules",
+    "explain": "cli.rules:explain",
+    "critical-path": "cli.critical_path:critical_path",
+    "annotate": "cli.annotate:annotate",
+    "diff": "cli.diff:diff",
+    "baseline": "cli.baseline:baseline",
+    "check": "cli.check:check",
+    "zoo": "cli.zoo:zoo",
+}
 
 
 class Group(click.Group):
-    """Turns every `TraceError` into one line on stderr and exit status 2."""
+    """Lazy commands; every `TraceError` becomes one line on stderr and exit status 2."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in COMMANDS if importlib.util.find_spec(_module(name)) is not None]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or importlib.util.find_spec(_module(name)) is None:
+            return None
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -22,11 +48,11 @@ class Group(click.Group):
             sys.exit(2)
 
 
+def _module(name: str) -> str:
+    return COMMANDS[name].split(":")[0]
+
+
 @click.group(cls=Group)
 @click.version_option(__version__, prog_name="traceq")
 def main() -> None:
     """Read PyTorch profiler traces: what to fuse, what it saves, and proof of the fix."""
-
-
-main.add_command(info)
-main.add_command(query)

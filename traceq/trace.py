@@ -147,6 +147,34 @@ class Trace:
                 return prop.get("name")
         return None
 
+    # -- relations (built on first use) ---------------------------------------------------
+    @cached_property
+    def dataflow_ops(self) -> pl.DataFrame:
+        """The semantic ops data flow is defined over (see `traceq.dataflow`)."""
+        from traceq.dataflow import dataflow_ops
+
+        return dataflow_ops(self)
+
+    @cached_property
+    def dataflow(self) -> pl.DataFrame:
+        """Inferred producer -> consumer edges between `dataflow_ops` (see `traceq.dataflow`)."""
+        from traceq.dataflow import dataflow
+
+        return dataflow(self)
+
+    @cached_property
+    def graph(self) -> Any:
+        """The kernel dependency graph, a networkx DiGraph (see `traceq.graph`)."""
+        from traceq.graph import build_graph
+
+        return build_graph(self)
+
+    def critical_path(self, region: Any = None) -> Any:
+        """The critical path of the whole trace or a region (step, annotation, or window)."""
+        from traceq.critical_path import critical_path
+
+        return critical_path(self, region)
+
     # -- questions --------------------------------------------------------------------
     @cached_property
     def unlinked(self) -> dict[str, int]:

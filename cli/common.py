@@ -15,6 +15,9 @@ import traceq
 from traceq import Trace
 
 FORMAT = click.Choice(["text", "json"])
+# Any path: a directory or a missing file is the library's to report (one line, exit 2),
+# where click would print a usage block.
+trace_argument = click.argument("trace", type=click.Path())
 
 
 @contextlib.contextmanager

@@ -6,12 +6,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import FORMAT, echo_json, load
+from cli.common import FORMAT, echo_json, load, trace_argument
 from traceq.summary import summary
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@trace_argument
 @click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
 def info(trace: str, fmt: str) -> None:
     """Show what TRACE holds: events by category, ops, kernels, steps, devices, links."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import polars as pl
 
-from cli.common import load
+from cli.common import load, trace_argument
 from traceq import TraceError
 
 
@@ -14,7 +14,7 @@ class QueryError(TraceError):
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@trace_argument
 @click.argument("sql")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text")
 @click.option("--limit", type=int, default=50, show_default=True, help="Rows shown as text.")
@@ -34,12 +34,19 @@ def query(trace: str, sql: str, fmt: str, limit: int) -> None:
     if fmt == "json":
         click.echo(result.write_json())
     elif fmt == "csv":
-        flat = result.with_columns(
-            pl.col(c).map_elements(str, return_dtype=pl.String)
-            for c, t in result.schema.items()
-            if t.is_nested()
-        )
-        click.echo(flat.write_csv(), nl=False)
+        click.echo(flat_for_csv(result).write_csv(), nl=False)
     else:
         with pl.Config(tbl_rows=limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=160):
             click.echo(result)
+
+
+def flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
+    """CSV has no lists or structs: write each nested value as its JSON text."""
+    return frame.with_columns(
+        pl.struct(pl.col(name).alias("v"))
+        .struct.json_encode()
+        .str.json_path_match("$.v")
+        .alias(name)
+        for name, dtype in frame.schema.items()
+        if dtype.is_nested()
+    )

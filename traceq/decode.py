@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import polars as pl
 
-from traceq.errors import TraceFormatError, TraceSchemaError
+from traceq.errors import TraceFileError, TraceFormatError, TraceSchemaError
 
 # Keys of the Trace Event Format (Chrome's spec); values stay text unless numeric by spec.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
@@ -39,8 +39,7 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "cname": pl.String(),
     "sf": pl.String(),
     "stack": pl.String(),
-    "args": pl.String(),
-}
+}  # `args` is added as its exact JSON text
 BATCH = 200_000
 # Below 2**43 us a float64 keeps 3 exact decimals; above it, re-read the text.
 EXACT_FLOAT_LIMIT_US = float(2**43)
@@ -52,8 +51,22 @@ _SUSPECT_TEXT = (
     r'^(?:-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|\{\s*(?:".*|\})'
     r'|\[\s*(?:"|-?\d|\[|\{|\]|true|false|null).*)$'
 )
-EXACT_CHECK_BELOW = 100_000  # events; above, the floats themselves show whether text is needed
 _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+# `pid`/`tid` text that may have been another JSON type: an object, a list, a bool, a float.
+_SUSPECT_ID = r"^(?:[\[{]|true$|false$|-?\d+(?:\.\d*)?(?:[eE]|\.))"
+_BLANK = re.compile(rb"\s*\Z")
+_BOM = b"\xef\xbb\xbf"
+_JSON_TYPES = {
+    "str": "a string",
+    "int": "a number",
+    "float": "a number",
+    "bool": "a boolean",
+    "NoneType": "null",
+    "dict": "an object",
+    "list": "a list",
+}
+# Times in ns must fit in int64 even as ts + dur: 4e15 us is the year 2096 in epoch time.
+MAX_TIME_US = 4e15
 
 
 class _StrictEvent(msgspec.Struct):
@@ -69,14 +82,25 @@ class _StrictEvent(msgspec.Struct):
     args: dict[str, Any] | None = None
 
 
-class _Times(msgspec.Struct, gc=False):
+class _Fields(msgspec.Struct, gc=False):
+    """The exact JSON text of the fields Polars cannot keep exactly."""
+
     ts: msgspec.Raw = msgspec.Raw(b"")
     dur: msgspec.Raw = msgspec.Raw(b"")
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+@dataclass
+class _Texts:
+    """Per batch, the `ts` and `dur` texts of its events, one line each (empty if absent)."""
+
+    ts: list[bytes] = field(default_factory=list)
+    dur: list[bytes] = field(default_factory=list)
 
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
 _EVENT_SLICES = msgspec.json.Decoder(list[msgspec.Raw])
-_TIMES = msgspec.json.Decoder(list[_Times])
+_FIELDS = msgspec.json.Decoder(list[_Fields])
 _STRICT = msgspec.json.Decoder(_StrictEvent)
 
 
@@ -90,17 +114,25 @@ class Decoded:
 
 def decode(buf: bytes | bytearray | memoryview) -> Decoded:
     """Parse a whole trace document; raise a `TraceError` subclass on anything malformed."""
+    buf = _without_bom(buf)
+    if _BLANK.match(buf):
+        raise TraceFileError("empty file (only whitespace)")
     try:
         top = _TOP.decode(buf)
+    except msgspec.ValidationError:
+        kind = type(msgspec.json.decode(buf)).__name__
+        raise TraceFormatError(
+            f"not a trace: the JSON document is {_JSON_TYPES.get(kind, kind)}, "
+            "not an object with 'traceEvents'"
+        ) from None
     except msgspec.DecodeError as exc:
-        raise TraceFormatError(_json_problem(str(exc))) from None
+        raise TraceFormatError(_json_problem(str(exc), buf)) from None
     if isinstance(top, list):  # the format's "JSON Array" form: just the events
         metadata: dict[str, Any] = {}
         slices = top
-        events_json: bytes | msgspec.Raw = b""
     else:
         if "traceEvents" not in top:
-            keys = ", ".join(sorted(top)[:8]) or "none"
+            keys = ", ".join(_printable(key) for key in sorted(top)[:8]) or "none"
             raise TraceFormatError(
                 f"not a trace: the JSON object has no 'traceEvents' (keys: {keys})"
             )
@@ -109,31 +141,69 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
         try:
             slices = _EVENT_SLICES.decode(events_json)
         except msgspec.ValidationError:
-            raise TraceSchemaError("not a trace: 'traceEvents' is not a list") from None
-    events = _parse_events(slices)
-    events = _with_exact_times(events, slices, events_json)
+            kind = type(msgspec.json.decode(events_json)).__name__
+            raise TraceSchemaError(
+                f"not a trace: 'traceEvents' is {_JSON_TYPES.get(kind, kind)}, not a list"
+            ) from None
+    events, texts = _parse_events(slices)
+    events = _with_exact_times(events, texts)
     _validate(events, slices)
     return Decoded(metadata=metadata, events=events)
 
 
-def _json_problem(message: str) -> str:
+def _without_bom(buf: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+    """Drop a UTF-8 byte order mark (editors on Windows add one); JSON forbids it."""
+    if bytes(buf[:3]) == _BOM:
+        return memoryview(buf)[3:]
+    return buf
+
+
+def _json_problem(message: str, buf: bytes | bytearray | memoryview) -> str:
     if "truncated" in message:
         return "truncated JSON: the file ends mid-way (was the profiler stopped while writing?)"
+    at = re.search(r"\(byte (\d+)\)", message)
+    if at:
+        start = max(int(at[1]) - 1, 0)  # msgspec points past a leading minus sign
+        word = re.search(rb"-?(NaN|Infinity|inf|nan)", bytes(buf[start : start + 10]))
+        if word:
+            return (
+                f"not valid JSON: {word[0].decode()} at byte {start + word.start()} "
+                "(JSON has no NaN or Infinity; the writer produced an invalid number)"
+            )
     return f"not valid JSON: {message.removeprefix('JSON is malformed: ')}"
 
 
-def _parse_events(slices: list[msgspec.Raw]) -> pl.DataFrame:
-    frames = []
+def _parse_events(slices: list[msgspec.Raw]) -> tuple[pl.DataFrame, _Texts]:
+    """One row per event; `args` is the event's own JSON text (Polars would re-serialize it
+    lossily: unescaped keys and backslashes, 1.0 written as 1). Also returns the exact text
+    of every `ts` and `dur`, for when floats are not enough."""
+    frames, texts = [], _Texts()
     for start in range(0, len(slices), BATCH):
         batch = slices[start : start + BATCH]
         ndjson = b"\x00".join(batch).translate(_TO_NDJSON)
         try:
-            frames.append(pl.read_ndjson(io.BytesIO(ndjson), schema=EVENT_SCHEMA))
-        except pl.exceptions.PolarsError as exc:
+            frame = pl.read_ndjson(io.BytesIO(ndjson), schema=EVENT_SCHEMA)
+            fields = _FIELDS.decode(b"[" + b",".join(batch) + b"]")
+        except (pl.exceptions.PolarsError, msgspec.DecodeError) as exc:
             raise _explain(batch, start, exc) from None
+        args = b"\x00".join([f.args for f in fields]).translate(_TO_NDJSON)
+        frames.append(frame.with_columns(_args_column(args, start, len(batch))))
+        texts.ts.append(b"\n".join([f.ts for f in fields]))
+        texts.dur.append(b"\n".join([f.dur for f in fields]))
     if not frames:
-        return pl.DataFrame(schema=EVENT_SCHEMA).with_row_index("event")
-    return pl.concat(frames, rechunk=False).with_row_index("event")
+        empty = pl.DataFrame(schema={**EVENT_SCHEMA, "args": pl.String()})
+        return empty.with_row_index("event"), texts
+    return pl.concat(frames, rechunk=False).with_row_index("event"), texts
+
+
+def _args_column(text: bytes, start: int, n: int) -> pl.Series:
+    """Each event's raw `args` text, one line each; a missing or null `args` is null."""
+    try:
+        lines = text.decode()
+    except UnicodeDecodeError as exc:
+        event = start + text.count(b"\n", 0, exc.start)
+        raise TraceSchemaError(f"event {event}: 'args' is not valid UTF-8") from None
+    return _lines(lines, n).replace("null", None).alias("args")
 
 
 def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchemaError:
@@ -151,13 +221,18 @@ def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchem
     return TraceSchemaError(f"events {start}..{start + len(batch) - 1}: {first_line}")
 
 
-def _with_exact_times(
-    events: pl.DataFrame, slices: list[msgspec.Raw], events_json: bytes | msgspec.Raw
-) -> pl.DataFrame:
+def _with_exact_times(events: pl.DataFrame, texts: _Texts) -> pl.DataFrame:
     """Add `ts_ns`/`dur_ns`, exact integers, and drop the float microsecond columns."""
-    needs_text = _floats_may_round(events)
+    _require(
+        events,
+        pl.max_horizontal(pl.col("ts").abs(), pl.col("dur").abs()) >= MAX_TIME_US,
+        f"has a timestamp or duration beyond {MAX_TIME_US:.0e} us (not a clock reading)",
+    )
+    needs_text = _floats_may_round(events, texts)
     if needs_text:
-        ts_text, dur_text = _time_texts(slices, events_json)
+        n = events.height
+        ts_text = _lines(b"\n".join(texts.ts).decode(), n)
+        dur_text = _lines(b"\n".join(texts.dur).decode(), n)
         times = pl.DataFrame({"ts": ts_text, "dur": dur_text}).select(
             _decimal_us_to_ns(pl.col("ts")).alias("ts_ns"),
             _decimal_us_to_ns(pl.col("dur")).alias("dur_ns"),
@@ -171,31 +246,20 @@ def _with_exact_times(
     return events.drop("ts", "dur")
 
 
-def _floats_may_round(events: pl.DataFrame) -> bool:
+def _floats_may_round(events: pl.DataFrame, texts: _Texts) -> bool:
     """Whether float64 may have rounded a timestamp's decimal text.
 
-    Below 2**43 us it cannot. Above, a trace with fractional timestamps shows non-integral
-    floats in almost every event (the float spacing there is 1/4 us), so a large trace whose
-    floats are all integral has integral text; small traces are simply re-read.
+    Below 2**43 us it cannot (three decimals stay exact). Above, integers are still exact
+    (times are below MAX_TIME_US < 2**53), so only a fraction or an exponent in some text
+    needs the text path: a byte scan of the texts answers that without parsing them.
     """
     time = pl.col("ts"), pl.col("dur")
     peak = events.select(pl.max_horizontal(c.abs().max() for c in time)).item() or 0.0
     if peak < EXACT_FLOAT_LIMIT_US:
         return False
-    if events.height < EXACT_CHECK_BELOW:
-        return True
-    fractional = events.select(pl.any_horizontal((c != c.floor()).any() for c in time)).item()
-    return bool(fractional)
-
-
-def _time_texts(
-    slices: list[msgspec.Raw], events_json: bytes | msgspec.Raw
-) -> tuple[pl.Series, pl.Series]:
-    source = events_json or b"[" + b",".join(slices) + b"]"
-    times = _TIMES.decode(source)
-    ts = b"\n".join([t.ts for t in times]).decode()
-    dur = b"\n".join([t.dur for t in times]).decode()
-    return _lines(ts, len(times)), _lines(dur, len(times))
+    return any(
+        marker in chunk for chunk in (*texts.ts, *texts.dur) for marker in (b".", b"e", b"E")
+    )
 
 
 def _lines(text: str, n: int) -> pl.Series:
@@ -206,10 +270,14 @@ def _lines(text: str, n: int) -> pl.Series:
 
 
 def _decimal_us_to_ns(text: pl.Expr) -> pl.Expr:
-    """Exact: '1712195495519689.047' -> 1712195495519689047. Exponents fall back to floats."""
+    """Exact: '1712195495519689.047' -> 1712195495519689047. Exponents fall back to floats.
+
+    Digits below the nanosecond (Kineto writes none) round to the nearest, ties away from 0.
+    """
     whole = text.str.extract(r"^(-?\d+)(?:\.\d*)?$", 1)
     frac = text.str.extract(r"^-?\d+\.(\d+)$", 1).fill_null("0")
-    frac_ns = frac.str.slice(0, 3).str.pad_end(3, "0").cast(pl.Int64)
+    sub_ns = frac.str.slice(3, 1).fill_null("0") >= "5"
+    frac_ns = frac.str.slice(0, 3).str.pad_end(3, "0").cast(pl.Int64) + sub_ns.cast(pl.Int64)
     sign = pl.when(text.str.starts_with("-")).then(-1).otherwise(1)
     exact = whole.cast(pl.Int64) * 1000 + sign * frac_ns
     fallback = _float_us_to_ns(text.cast(pl.Float64, strict=False))
@@ -238,12 +306,13 @@ def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
         pl.col("args").is_not_null() & ~pl.col("args").str.starts_with("{"),
         "has 'args' that is not an object",
     )
-    for field in ("name", "cat", "ph"):
-        _require(
-            events, pl.col(field).str.contains(_CONTROL), f"has a control character in '{field}'"
-        )
+    for key in ("name", "cat", "ph"):
+        _require(events, pl.col(key).str.contains(_CONTROL), f"has a control character in '{key}'")
     suspects = events.filter(
-        pl.any_horizontal(pl.col(f).str.contains(_SUSPECT_TEXT) for f in ("name", "cat", "ph"))
+        pl.any_horizontal(
+            *(pl.col(f).str.contains(_SUSPECT_TEXT) for f in ("name", "cat", "ph")),
+            *(pl.col(f).str.contains(_SUSPECT_ID) for f in ("pid", "tid")),
+        )
     )["event"]
     for event in suspects.to_list():
         try:
@@ -265,4 +334,4 @@ def _require(events: pl.DataFrame, bad: pl.Expr, problem: str) -> None:
 def _printable(name: str | None) -> str:
     if name is None:
         return "unnamed"
-    return re.sub(_CONTROL, "?", name)[:60]
+    return re.sub(r"[\x00-\x1f\x7f]", "?", name)[:60]  # messages stay on one line

@@ -403,9 +403,10 @@ def modeled(events: pl.DataFrame) -> pl.Expr:
         + list(PYTHON_CATS)
         + list(SYNC_CATS)
     )
-    return ((pl.col("ph") == "X") & cat.is_in(known)) | pl.col("ph").is_in(
-        [*FLOW_PHASES, *INSTANT_PHASES, "C", "M"]
-    )
+    modeled_x = (pl.col("ph") == "X") & cat.is_in(known)
+    by_phase = pl.col("ph").is_in([*FLOW_PHASES, *INSTANT_PHASES, "C", "M"])
+    # A missing `cat` makes the comparison null; such an event is not modeled, not lost.
+    return (modeled_x | by_phase).fill_null(False)
 
 
 def other(events: pl.DataFrame) -> pl.DataFrame:

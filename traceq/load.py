@@ -15,14 +15,16 @@ from traceq.source import describe, read_bytes
 from traceq.trace import Trace
 
 
-def load(src: str | os.PathLike[str] | BinaryIO) -> Trace:
+def load(src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None) -> Trace:
     """Load a Kineto/Chrome trace (`.json`, `.json.gz`, path or binary file) into a `Trace`.
 
-    Raises a `TraceError` subclass, with the file name in its message, on bad input.
+    `max_bytes` caps the (decompressed) size, against gzip bombs; by default
+    `TRACEQ_MAX_BYTES` or 32 GiB. Raises a `TraceError` subclass, with the file name in its
+    message, on bad input.
     """
     name = describe(src)
     try:
-        decoded = decode(read_bytes(src))
+        decoded = decode(read_bytes(src, max_bytes=max_bytes))
         frames = build_frames(decoded.events)
     except TraceError as exc:
         if exc.source is None:

@@ -142,9 +142,19 @@ class Trace:
         return {k: self.metadata[k] for k in sorted(keys)}
 
     def device_name(self, device: int = 0) -> str | None:
-        for prop in self.device_properties:
+        """The GPU's name from `deviceProperties`.
+
+        ROCm traces may number devices differently in events (`device` 2) and properties
+        (`id` 0); when the trace describes one device and its activities ran on one, they
+        are the same device.
+        """
+        props = self.device_properties
+        for prop in props:
             if prop.get("id") == device:
                 return prop.get("name")
+        used = self.kernels["device"].drop_nulls().unique()
+        if len(props) == 1 and used.len() == 1 and used[0] == device:
+            return props[0].get("name")
         return None
 
     # -- relations (built on first use) ---------------------------------------------------

@@ -1,0 +1,113 @@
+"""`traceq analyze TRACE`: findings with evidence and estimated savings, in four formats.
+
+Exit status: 0, or 1 when a finding is at or above `--fail-on`, or 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from cli.common import load, progress
+from traceq.analyze import analysis
+from traceq.report import FORMATS, Report, build_report, render
+from traceq.rules.config import Config, ConfigError, find_config, load_config, parse_options
+from traceq.rules.finding import SEVERITIES
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    """`--select TQ1,TQ201 --select TQ3` -> ['TQ1', 'TQ201', 'TQ3']."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)")
+@click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    metavar="CODE.NAME=VALUE",
+    help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option(
+    "--fail-on",
+    type=click.Choice(SEVERITIES),
+    default=None,
+    help="exit 1 when a finding has this severity or higher",
+)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write here, not stdout")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="traceq.toml or pyproject.toml (default: the nearest one above TRACE)",
+)
+@click.option("--no-config", is_flag=True, help="ignore configuration files")
+def analyze(
+    trace: str,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    options: tuple[str, ...],
+    fmt: str,
+    fail_on: str | None,
+    output: str | None,
+    config_path: str | None,
+    no_config: bool,
+) -> None:
+    """Find fusion opportunities and overhead in TRACE, with evidence and estimated savings.
+
+    Rules and thresholds come from `[tool.traceq]` in the nearest pyproject.toml (or a
+    traceq.toml) above TRACE, then from the command line. See `traceq rules`.
+    """
+    config = _config(trace, config_path, no_config)
+    parsed = parse_options(options)  # bad syntax fails before the (slow) load
+    loaded = load(trace)
+    with progress("Analyzing ..."):
+        result = analysis(
+            loaded,
+            select=_split(select) or None,
+            ignore=_split(ignore),
+            config=config,
+            options=parsed,
+        )
+    report = build_report(result, loaded)
+    attach_fix_checks(report)
+    text = render(report, fmt, **_render_options(fmt, output))
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+    threshold = fail_on or config.fail_on
+    if threshold is not None:
+        if threshold not in SEVERITIES:
+            raise ConfigError(f"fail-on must be one of {', '.join(SEVERITIES)}, not {threshold!r}")
+        worst = SEVERITIES.index(threshold)
+        if any(f.severity_rank >= worst for f in report.findings):
+            sys.exit(1)
+
+
+def attach_fix_checks(report: Report) -> None:
+    """Hook for `--check-fixes`: attach `report.attach_fix_check(group.key, result)` for
+    groups whose fix the zoo can prove; every renderer shows a group's `fix_check`."""
+
+
+def _config(trace: str, path: str | None, no_config: bool) -> Config:
+    if no_config:
+        return Config()
+    if path is not None:
+        return load_config(path)
+    found = find_config(Path(trace).parent if Path(trace).parent.exists() else Path.cwd())
+    return load_config(found) if found else Config()
+
+
+def _render_options(fmt: str, output: str | None) -> dict[str, object]:
+    if fmt != "text":
+        return {}
+    tty = output is None and sys.stdout.isatty()
+    width = click.get_terminal_size()[0] if tty else 100
+    return {"color": tty, "width": max(60, width)}

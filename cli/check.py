@@ -1,0 +1,60 @@
+"""`traceq check TRACE --baseline BASE.json`: the CI gate; exit 0 pass, 1 regressed, 2 bad input."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cli.common import progress
+from traceq.regression.check import check as run_check
+from traceq.regression.check import parse_ratio
+from traceq.regression.render import FORMATS, render_check
+
+
+@click.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option(
+    "--baseline",
+    "baseline_path",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="a baseline from `traceq baseline save`, or a full trace",
+)
+@click.option(
+    "--max-regress",
+    default="5%",
+    show_default=True,
+    help="largest allowed slowdown per metric, e.g. 5% or 0.05",
+)
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    metavar="SPEC",
+    help="step | gpu | kernel:NAME | op:NAME | module:PATH (NAME may use * and ?); "
+    "repeat for several. Default: step, gpu and every group with >= 1% of the time",
+)
+@click.option("--fail-on-new-findings", is_flag=True, help="also fail when a finding appears")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+def check(
+    trace: str,
+    baseline_path: str,
+    max_regress: str,
+    metrics: tuple[str, ...],
+    fail_on_new_findings: bool,
+    fmt: str,
+) -> None:
+    """Check TRACE against a baseline; exit 1 when a metric regressed beyond noise."""
+    limit = parse_ratio(max_regress)
+    with progress(f"Checking {trace} ..."):
+        result = run_check(
+            trace,
+            baseline_path,
+            max_regress=limit,
+            metrics=list(metrics) or None,
+            fail_on_new_findings=fail_on_new_findings,
+        )
+    click.echo(render_check(result, fmt), nl=False)
+    if result.failed:
+        sys.exit(1)

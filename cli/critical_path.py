@@ -1,0 +1,93 @@
+"""`traceq critical-path TRACE`: the chain of work that sets a region's length, by cause."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import FORMAT, echo_json, load, trace_argument
+from traceq import TraceError
+from traceq import critical_path as paths
+from traceq.critical_path import Region
+
+LABELS = {
+    "cpu_bound": "CPU-bound",
+    "gpu_compute": "GPU compute",
+    "gpu_communication": "GPU communication",
+    "launch_overhead": "launch overhead",
+    "kernel_to_kernel_overhead": "kernel-to-kernel overhead",
+    "sync_wait": "sync wait",
+    "idle": "idle",
+}
+
+
+@click.command("critical-path")
+@trace_argument
+@click.option("--step", type=int, help="A ProfilerStep number.")
+@click.option("--annotation", help="An annotation (record_function) or op name.")
+@click.option("--instance", type=int, default=0, show_default=True, help="Which annotation.")
+@click.option(
+    "--window", nargs=2, type=int, metavar="START_NS END_NS", help="A time window, in ns."
+)
+@click.option("--top", "top_n", type=int, default=10, show_default=True)
+@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
+def critical_path(
+    trace: str,
+    step: int | None,
+    annotation: str | None,
+    instance: int,
+    window: tuple[int, int] | None,
+    top_n: int,
+    fmt: str,
+) -> None:
+    """Show the critical path of TRACE (the whole trace, a step, an annotation or a
+    window): its length, what it is made of, and the events with most time on it."""
+    region = _region(step, annotation, instance, window)
+    path = paths.critical_path(load(trace), region)
+    data = path.to_dict(top=top_n)
+    if fmt == "json":
+        echo_json(data)
+        return
+    console = Console()
+    start, end = path.region
+    console.print(
+        f"[bold]critical path[/] {data['length_us']:,.1f} us of a {(end - start) / 1e3:,.1f} us "
+        f"region ({data['nodes']:,} points, {data['events']:,} events)"
+    )
+    causes = Table(show_header=True, title_justify="left")
+    causes.add_column("cause")
+    causes.add_column("us", justify="right")
+    causes.add_column("%", justify="right")
+    for cause, pct in sorted(data["breakdown_pct"].items(), key=lambda kv: -kv[1]):
+        causes.add_row(LABELS[cause], f"{data['breakdown_us'][cause]:,.1f}", f"{pct:.1f}")
+    console.print(causes)
+    heaviest = Table(title="heaviest on the path", title_justify="left")
+    for column, justify in (("event", "right"), ("kind", "left"), ("name", "left")):
+        heaviest.add_column(column, justify=justify, overflow="fold")
+    heaviest.add_column("us", justify="right")
+    heaviest.add_column("%", justify="right")
+    for row in data["top"]:
+        heaviest.add_row(
+            str(row["event"]),
+            row["kind"],
+            row["name"],
+            f"{row['time_us']:,.1f}",
+            f"{row['pct']:.1f}",
+        )
+    console.print(heaviest)
+
+
+def _region(
+    step: int | None, annotation: str | None, instance: int, window: tuple[int, int] | None
+) -> Region:
+    chosen = [x for x in (step, annotation, window) if x is not None]
+    if len(chosen) > 1:
+        raise TraceError("choose one of --step, --annotation and --window")
+    if step is not None:
+        return step
+    if annotation is not None:
+        return (annotation, instance)
+    if window is not None:
+        return (int(window[0]), int(window[1]))
+    return None

@@ -1,0 +1,178 @@
+"""Shared test fixtures: where the traces are, and each trace loaded once per session.
+
+Two sets of traces feed the tests:
+- `fixtures/*.pt.trace.json.gz`: small CPU traces this project records itself
+  (`fixtures/record.py`); always present.
+- `../shared/traces/`: real GPU traces copied from public projects (see its INDEX.md for
+  each file's source and license). The folder may be absent on a fresh machine, so every
+  test that needs it skips cleanly instead of failing. `TRACEQ_SHARED_TRACES` points
+  elsewhere.
+
+`kineto_case` is parametrized over every Kineto trace of both sets at session scope, so
+pytest groups the tests that use it by trace: each trace is decoded once by traceq and
+once by the stdlib `json` (the independent reference), and released before the next.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+import traceq
+
+# Loading even a tiny trace costs tens of ms, so property tests run 100 examples by
+# default; `HYPOTHESIS_PROFILE=thorough pytest ...` runs 3000 to hunt for rare failures.
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.register_profile("thorough", max_examples=3000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_TRACES = Path(
+    os.environ.get("TRACEQ_SHARED_TRACES", REPO_ROOT.parent / "shared" / "traces")
+).resolve()
+FIXTURES = REPO_ROOT / "fixtures"
+# Execution Traces (PyTorch's graph dump, not Kineto) and raw memory timelines: not traces.
+NOT_KINETO = ("_et.json", ".raw.gz")
+# Traces with more events than this are marked `slow` (deselect with -m "not slow").
+SLOW_EVENTS_BYTES = 700_000  # compressed size; roughly 40k events
+
+
+def shared_trace_paths() -> list[Path]:
+    """Every file under ../shared/traces that looks like a trace (Kineto or not)."""
+    if not SHARED_TRACES.is_dir():
+        return []
+    return sorted(p for p in SHARED_TRACES.rglob("*.json*") if p.is_file())
+
+
+def is_kineto(path: Path) -> bool:
+    return not any(marker in path.name for marker in NOT_KINETO)
+
+
+def fixture_trace_paths() -> list[Path]:
+    return sorted(FIXTURES.glob("*.pt.trace.json*"))
+
+
+def read_json(path: Path, **kwargs: Any) -> Any:
+    """The whole document, decoded by the stdlib: the reference traceq is checked against."""
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        return json.load(f, **kwargs)
+
+
+@dataclass
+class TraceCase:
+    """One trace file: traceq's view of it and the stdlib's, each computed on first use."""
+
+    path: Path
+    label: str
+
+    @cached_property
+    def trace(self) -> traceq.Trace:
+        return traceq.load(self.path)
+
+    @cached_property
+    def document(self) -> dict[str, Any]:
+        """The stdlib's decode, with every fractional number kept exact as a `Decimal`."""
+        return read_json(self.path, parse_float=Decimal)
+
+    @property
+    def raw_events(self) -> list[Any]:
+        return self.document["traceEvents"]
+
+
+def _label(path: Path) -> str:
+    if path.is_relative_to(SHARED_TRACES):
+        return str(path.relative_to(SHARED_TRACES))
+    return f"fixtures/{path.name}"
+
+
+def _kineto_params() -> list[Any]:
+    params = []
+    for path in [*fixture_trace_paths(), *filter(is_kineto, shared_trace_paths())]:
+        marks = [pytest.mark.shared] if path.is_relative_to(SHARED_TRACES) else []
+        if path.stat().st_size > SLOW_EVENTS_BYTES:
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(path, id=_label(path), marks=marks))
+    if not SHARED_TRACES.is_dir():
+        params.append(
+            pytest.param(
+                None,
+                id="shared-traces-absent",
+                marks=pytest.mark.skip(reason=f"{SHARED_TRACES} is absent"),
+            )
+        )
+    return params
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """The real-trace folder, or skip the test when this machine has none."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"{SHARED_TRACES} is absent")
+    return SHARED_TRACES
+
+
+@pytest.fixture(scope="session")
+def shared_trace() -> Callable[[str], Path]:
+    """`shared_trace("hta/tests/data/...")` -> the path, or skip when it is absent."""
+
+    def find(relpath: str) -> Path:
+        path = SHARED_TRACES / relpath
+        if not path.is_file():
+            pytest.skip(f"{path} is absent")
+        return path
+
+    return find
+
+
+@pytest.fixture(name="read_json", scope="session")
+def read_json_fixture() -> Callable[..., Any]:
+    """The stdlib reader (`read_json(path, parse_float=Decimal)`): the independent reference."""
+    return read_json
+
+
+@pytest.fixture(scope="session")
+def fixture_traces() -> list[Path]:
+    """The project's own recorded traces (`fixtures/*.pt.trace.json.gz`)."""
+    paths = fixture_trace_paths()
+    if not paths:
+        pytest.skip("no fixture traces recorded in fixtures/")
+    return paths
+
+
+@pytest.fixture(scope="session")
+def load_shared() -> Callable[[str], traceq.Trace]:
+    """Load a shared trace by relative path (skip when absent), each at most once."""
+    cache: dict[str, traceq.Trace] = {}
+
+    def load(relpath: str) -> traceq.Trace:
+        if relpath not in cache:
+            path = SHARED_TRACES / relpath
+            if not path.is_file():
+                pytest.skip(f"{path} is absent")
+            cache[relpath] = traceq.load(path)
+        return cache[relpath]
+
+    return load
+
+
+@pytest.fixture(scope="session", params=_kineto_params())
+def kineto_case(request: pytest.FixtureRequest) -> TraceCase:
+    """Each Kineto trace (fixtures and shared), with traceq's and the stdlib's view of it."""
+    path: Path = request.param
+    return TraceCase(path=path, label=_label(path))

@@ -1,0 +1,230 @@
+"""Bad input fails with the right `TraceError` subclass and one line a user can act on.
+
+Every case is checked twice: `traceq.load` raises the named subclass with a one-line
+message that says what is wrong, and `traceq info BAD` exits 2 with exactly one line on
+stderr, `traceq: error: ...`, and no traceback. Recoverable oddities (a kernel with no
+launch, a flow with one end, an unknown category) load and are counted instead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import traceq
+from cli.main import main
+from traceq import TraceFileError, TraceFormatError, TraceSchemaError, TraceTooLargeError
+
+Maker = Callable[[Path], Path]
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    base = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}
+    return {k: v for k, v in {**base, **fields}.items() if v is not ...}
+
+
+def trace_json(*events: Any) -> bytes:
+    return json.dumps({"schemaVersion": 1, "traceEvents": list(events)}).encode()
+
+
+GOOD = trace_json(event(), event(ts=11, dur=1))
+
+
+def write(data: bytes, name: str = "bad.json") -> Maker:
+    def make(tmp: Path) -> Path:
+        path = tmp / name
+        path.write_bytes(data)
+        return path
+
+    return make
+
+
+def corrupt_gzip() -> bytes:
+    packed = bytearray(gzip.compress(GOOD * 20))
+    packed[len(packed) // 2 : len(packed) // 2 + 8] = b"\xff" * 8
+    return bytes(packed)
+
+
+def zero_bomb(tmp: Path, gib: int = 2) -> Path:
+    """`gib` GiB of zeros, gzipped: one 1 MiB member written 1024*gib times (gzip allows
+    concatenated members), so the file is made without ever holding the expansion."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    member = packer.compress(bytes(1 << 20)) + packer.flush()
+    path = tmp / "bomb.json.gz"
+    with path.open("wb") as f:
+        for _ in range(1024 * gib):
+            f.write(member)
+    return path
+
+
+def directory(tmp: Path) -> Path:
+    (tmp / "a_dir").mkdir()
+    return tmp / "a_dir"
+
+
+CASES: dict[str, tuple[Maker, type[traceq.TraceError], str]] = {
+    "truncated gzip": (
+        write(gzip.compress(GOOD)[:-12], "t.json.gz"),
+        TraceFileError,
+        "truncated gzip",
+    ),
+    "corrupt gzip": (write(corrupt_gzip(), "c.json.gz"), TraceFileError, "corrupt gzip"),
+    "truncated JSON": (write(GOOD[:-7]), TraceFormatError, "truncated JSON"),
+    "empty file": (write(b""), TraceFileError, "empty file"),
+    "whitespace only": (write(b"  \n\t\r\n "), TraceFileError, "empty file"),
+    "empty gzip": (write(gzip.compress(b""), "e.json.gz"), TraceFileError, "empty"),
+    "object without traceEvents": (write(b'{"a": 1}'), TraceFormatError, "no 'traceEvents'"),
+    "execution trace": (
+        write(b'{"schema": "1.0.1", "pid": 7, "nodes": [], "start_ts": 0, "finish_ts": 1}'),
+        TraceFormatError,
+        "no 'traceEvents'",
+    ),
+    "JSON string": (write(b'"trace"'), TraceFormatError, "is a string"),
+    "JSON number": (write(b"42"), TraceFormatError, "is a number"),
+    "not JSON": (write(b"hello world"), TraceFormatError, "not valid JSON"),
+    "gzip of text": (write(gzip.compress(b"hello"), "h.json.gz"), TraceFormatError, "not valid"),
+    "traceEvents an object": (
+        write(b'{"traceEvents": {"ph": "X"}}'),
+        TraceSchemaError,
+        "'traceEvents' is an object, not a list",
+    ),
+    "event a number": (write(trace_json(event(), 7)), TraceSchemaError, "event 1 is a JSON int"),
+    "event a list": (write(trace_json([event()])), TraceSchemaError, "event 0 is a JSON list"),
+    "ts a string": (write(trace_json(event(ts="10"))), TraceSchemaError, "event 0: .* at 'ts'"),
+    "dur a list": (write(trace_json(event(dur=[5]))), TraceSchemaError, "event 0: .* at 'dur'"),
+    "name a number": (
+        write(trace_json(event(), event(name=3))),
+        TraceSchemaError,
+        "event 1: .* at 'name'",
+    ),
+    "pid an object": (write(trace_json(event(pid={"a": 1}))), TraceSchemaError, "at 'pid'"),
+    "args a string": (
+        write(trace_json(event(args="x=1"))),
+        TraceSchemaError,
+        "'args' that is not an object",
+    ),
+    "control character in name": (
+        write(trace_json(event(name="aten::mm\x07"))),
+        TraceSchemaError,
+        r"event 0 \(aten::mm\?\) has a control character in 'name'",
+    ),
+    "NaN literal": (
+        write(GOOD.replace(b'"dur": 5', b'"dur": NaN')),
+        TraceFormatError,
+        "NaN at byte",
+    ),
+    "Infinity literal": (
+        write(GOOD.replace(b'"ts": 10', b'"ts": -Infinity')),
+        TraceFormatError,
+        "-Infinity at byte",
+    ),
+    "number out of range": (
+        write(GOOD.replace(b'"ts": 10', b'"ts": 1e999')),
+        TraceSchemaError,
+        "out of range",
+    ),
+    "timestamp beyond int64 ns": (
+        write(trace_json(event(ts=10**22))),
+        TraceSchemaError,
+        "timestamp or duration beyond",
+    ),
+    "negative duration": (write(trace_json(event(dur=-3))), TraceSchemaError, "negative duration"),
+    "missing ph": (write(trace_json(event(ph=...))), TraceSchemaError, "has no 'ph'"),
+    "X without dur": (write(trace_json(event(dur=...))), TraceSchemaError, "without 'dur'"),
+    "X without ts": (write(trace_json(event(ts=...))), TraceSchemaError, "has no 'ts'"),
+    "invalid UTF-8": (
+        write(GOOD.replace(b"aten::mm", b"aten::\xff\xfe", 1)),
+        TraceSchemaError,
+        "UTF-8",
+    ),
+    "gzip bomb": (zero_bomb, TraceTooLargeError, "gzip expands more than"),
+    "a directory": (directory, TraceFileError, "is a directory"),
+    "a missing file": (lambda tmp: tmp / "nope.json", TraceFileError, "no such file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_load_raises_the_specific_error_in_one_line(case: str, tmp_path: Path) -> None:
+    make, error, message = CASES[case]
+    path = make(tmp_path)
+    with pytest.raises(error, match=message) as raised:
+        traceq.load(path)
+    text = str(raised.value)
+    assert "\n" not in text and text.startswith(str(path))
+    assert raised.value.__cause__ is None  # no chained traceback from a library underneath
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cli_prints_one_error_line_and_exits_2(case: str, tmp_path: Path) -> None:
+    make, _, message = CASES[case]
+    path = make(tmp_path)
+    result = CliRunner().invoke(main, ["info", str(path)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"traceq: error: {path}: ")
+    assert re.search(message, lines[0])
+    assert "Traceback" not in result.output
+
+
+def test_installed_command_reports_bad_input_without_traceback(tmp_path: Path) -> None:
+    path = write(GOOD[:-7])(tmp_path)
+    command = Path(sys.executable).parent / "traceq"
+    if not command.exists():
+        pytest.skip(f"no installed traceq command beside {sys.executable}")
+    run = subprocess.run(
+        [str(command), "info", str(path)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        f"traceq: error: {path}: truncated JSON: the file ends mid-way "
+        "(was the profiler stopped while writing?)"
+    ]
+
+
+def test_size_limit_applies_to_plain_and_gzipped_traces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = trace_json(*(event(ts=i) for i in range(200)))
+    plain = write(body)(tmp_path)
+    packed = write(gzip.compress(body), "g.json.gz")(tmp_path)
+    assert packed.stat().st_size < 1000 < len(body)
+    for path in (plain, packed):
+        with pytest.raises(TraceTooLargeError, match="TRACEQ_MAX_BYTES"):
+            traceq.load(path, max_bytes=len(body) - 1)
+        assert traceq.load(path, max_bytes=len(body)).events.height == 200
+    monkeypatch.setenv("TRACEQ_MAX_BYTES", "1000")
+    result = CliRunner().invoke(main, ["info", str(packed)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("traceq: error: ")
+    assert "decompresses to more than 1000 bytes" in result.stderr
+
+
+def test_recoverable_oddities_load_and_are_counted() -> None:
+    kernel = event(cat="kernel", name="k", pid=0, tid=7, args={"correlation": 99, "device": 0})
+    launch = event(cat="cuda_runtime", name="cudaLaunchKernel", args={"correlation": 5})
+    orphan_flow = {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 5, "pid": 1, "tid": 1, "ts": 10}
+    unknown = event(cat="not_a_category", name="mystery")
+    trace = traceq.load(io.BytesIO(trace_json(event(), kernel, launch, orphan_flow, unknown)))
+    assert trace.events.height == 5
+    assert trace.unlinked == {
+        "kernels_without_launch": 1,
+        "kernels_without_op": 1,
+        "launches_without_kernel": 1,
+        "flows_without_end": 1,
+        "events_not_modeled": 1,
+    }
+    assert trace.other["event"].to_list() == [4]
+    assert trace.other["cat"].to_list() == ["not_a_category"]

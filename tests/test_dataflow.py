@@ -1,0 +1,268 @@
+"""Data flow between ops (`traceq.dataflow`): the edges each model's code implies.
+
+The fixtures' `manifest.json` (written by `fixtures/record.py` from the model code) names
+the producer -> consumer edges of each recorded model; the tests map those names to ops
+independently (by op name and ancestors, walking `parent` in Python) and compare.
+
+Real traces (skipped when ../shared/traces is absent):
+- tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz and
+  tracelens/tests/traces/torch_compile_triton/trace.json.gz: AMD-AGI/TraceLens, MIT.
+- param/et_replay/tests/inputs/linear_kineto.json.gz: facebookresearch/param, MIT.
+- hta/tests/data/df_index_resolver/df_index_resolver.json.gz:
+  facebookresearch/HolisticTraceAnalysis, MIT.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import traceq
+from traceq.dataflow import dataflow, dataflow_ops
+
+QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+TRITON = "tracelens/tests/traces/torch_compile_triton/trace.json.gz"
+PARAM_LINEAR = "param/et_replay/tests/inputs/linear_kineto.json.gz"
+DF_INDEX = "hta/tests/data/df_index_resolver/df_index_resolver.json.gz"
+SURE = 0.5
+"""Edges at or above this confidence are the ones the rules act on."""
+EXACT = [
+    "mlp_gelu-eager",
+    "mlp_gelu-compiled",
+    "geglu_mlp-eager",
+    "geglu_mlp-compiled",
+    "geglu_mlp-compiled_cold",
+    "swiglu_mlp-eager",
+    "swiglu_mlp-compiled",
+    "matmul_add-eager",
+    "matmul_add-compiled",
+    "linear-eager",
+    "linear-compiled",
+    "pointwise_chain-eager",
+    "pointwise_chain-compiled",
+]
+
+
+def _manifest(repo_root: Path) -> dict:
+    path = repo_root / "fixtures" / "manifest.json"
+    if not path.is_file():
+        pytest.skip("fixtures/manifest.json not recorded yet")
+    return json.loads(path.read_text())["traces"]
+
+
+def _fixture(repo_root: Path, name: str) -> tuple[traceq.Trace, dict]:
+    entry = _manifest(repo_root).get(f"{name}.pt.trace.json.gz")
+    path = repo_root / "fixtures" / f"{name}.pt.trace.json.gz"
+    if entry is None or not path.is_file():
+        pytest.skip(f"fixture {name} not recorded")
+    return traceq.load(path), entry["expected_dataflow"]
+
+
+def _named_ops(trace: traceq.Trace, expected: dict, step: int) -> dict[str, frozenset[int]]:
+    """Manifest op name -> the data-flow ops (outermost aten op or kernel) it denotes.
+
+    An op matches a path (outer, ..., inner) when it is named `inner` and `outer ...`
+    enclose it in time on its thread (ops and annotations such as `Optimizer.step#...`).
+    Names sharing a path take the path's occurrences in program order (gate_proj the
+    first linear, up_proj the second, ...); when there are fewer occurrences than names
+    (one fused kernel is both `act` and `mul`), all share them. Ops run while compiling
+    (inside Dynamo's `(dynamo_timed)` ranges) are not the model's.
+    """
+    window = trace.steps.filter(pl.col("step") == step).row(0, named=True)
+    spans = [
+        r
+        for frame in (trace.ops, trace.annotations.filter(pl.col("kind") == "cpu"))
+        for r in frame.filter(
+            (pl.col("ts_ns") >= window["ts_ns"]) & (pl.col("end_ns") <= window["end_ns"])
+        ).iter_rows(named=True)
+    ]
+
+    def enclosing(op: dict) -> list[dict]:
+        """Spans holding `op`, innermost first (a tie in time: the later event is inner)."""
+        outer = [
+            s
+            for s in spans
+            if s["event"] != op["event"]
+            and s["tid"] == op["tid"]
+            and s["ts_ns"] <= op["ts_ns"]
+            and op["end_ns"] <= s["end_ns"]
+            and (s["ts_ns"], -s["end_ns"], s["event"]) < (op["ts_ns"], -op["end_ns"], op["event"])
+        ]
+        return sorted(outer, key=lambda s: (s["ts_ns"], -s["end_ns"], s["event"]), reverse=True)
+
+    def compiling(op: dict) -> bool:
+        return any(s["name"].endswith("(dynamo_timed)") for s in enclosing(op))
+
+    def occurrences(path: list[str]) -> list[list[dict]]:
+        groups: dict[int, list[dict]] = defaultdict(list)
+        for op in spans:
+            if op["name"] != path[-1] or compiling(op):
+                continue
+            wanted, anchor = list(reversed(path[:-1])), op
+            for span in enclosing(op):
+                if wanted and span["name"] == wanted[0]:
+                    wanted.pop(0)
+                    anchor = span
+            if not wanted:
+                groups[anchor["event"]].append(op)
+        anchors = {e: min(o["ts_ns"] for o in ops) for e, ops in groups.items()}
+        return [groups[e] for e in sorted(groups, key=lambda e: (anchors[e], e))]
+
+    def semantic(op: dict) -> int:
+        outermost = op["event"]
+        for span in enclosing(op):
+            name = span["name"]
+            if name.startswith("aten::") or "cpp_fused" in name or name.startswith("triton_"):
+                outermost = span["event"]
+        return outermost
+
+    by_path: dict[tuple, list[str]] = defaultdict(list)
+    for name, path in expected["ops"].items():
+        by_path[tuple(path)].append(name)
+    named: dict[str, frozenset[int]] = {}
+    for path, names in by_path.items():
+        found = occurrences(list(path))
+        assert found, f"{path} not in step {step}"
+        for k, name in enumerate(names):
+            mine = found[k] if len(found) == len(names) else [o for g in found for o in g]
+            named[name] = frozenset(semantic(o) for o in mine)
+    return named
+
+
+def _sure_edges(edges: pl.DataFrame) -> set[tuple[int, int]]:
+    sure = edges.filter((pl.col("confidence") >= SURE) & (pl.col("evidence") != "fwdbwd"))
+    return set(sure.select("producer", "consumer").iter_rows())
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_fixture_edges_are_exactly_the_models(repo_root: Path, name: str) -> None:
+    """Between the ops the model names, the sure edges are exactly the model's; an edge
+    inside one fused kernel (`act` -> `mul` in `..._gelu_mul_0`) is no edge between ops."""
+    trace, expected = _fixture(repo_root, name)
+    edges = _sure_edges(dataflow(trace))
+    for step in trace.steps["step"]:
+        named = _named_ops(trace, expected, step)
+        want = {(named[p], named[c]) for p, c in expected["edges"] if named[p] != named[c]}
+        groups = set(named.values())
+        found = {
+            (p, c)
+            for p in groups
+            for c in groups
+            if p != c and any((a, b) in edges for a in p for b in c)
+        }
+        assert found == want, f"step {step}"
+
+
+def test_training_fixture_has_the_models_edges_through_views(repo_root: Path) -> None:
+    """Backward ops read gradients through `t`/`detach`/`view`; the loss's backward node
+    is linked to it by the autograd sequence number (evidence `fwdbwd`)."""
+    trace, expected = _fixture(repo_root, "mlp_gelu-train")
+    ops = dataflow_ops(trace)
+    edges = dataflow(trace, ops)
+    passthrough = set(ops.filter(pl.col("kind").is_in(["view", "copy"]))["event"])
+    succ: dict[int, set[int]] = defaultdict(set)
+    for p, c in (
+        edges.filter(pl.col("confidence") >= SURE).select("producer", "consumer").iter_rows()
+    ):
+        succ[p].add(c)
+
+    def reaches(sources: set[int], targets: set[int]) -> bool:
+        frontier, seen = set(sources), set(sources)
+        while frontier:
+            nxt = {c for p in frontier for c in succ[p]} - seen
+            if nxt & targets:
+                return True
+            frontier = {c for c in nxt if c in passthrough}
+            seen |= nxt
+        return False
+
+    for step in trace.steps["step"]:
+        named = _named_ops(trace, expected, step)
+        for p, c in expected["edges"]:
+            assert reaches(named[p], named[c]), f"step {step}: {p} -> {c}"
+
+
+def test_qwen_swiglu_mul_reads_silu_and_up_gemm(load_shared) -> None:  # noqa: ANN001
+    """HF Qwen2MLP: down(silu(gate(x)) * up(x)); the up GEMM runs between silu and mul."""
+    trace = load_shared(QWEN)
+    ops = dataflow_ops(trace)
+    edges = dataflow(trace, ops)
+    mlp = ops.filter(
+        pl.col("module").str.contains(r"Qwen2MLP_\d+$") & (pl.col("name") == "aten::mul")
+    )
+    assert mlp.height == 24  # one per decoder layer
+    by_event = {r["event"]: r for r in ops.iter_rows(named=True)}
+    for mul in mlp["event"]:
+        into = edges.filter((pl.col("consumer") == mul) & (pl.col("confidence") >= SURE))
+        producers = dict(zip(into["input_index"], into["producer"], strict=True))
+        silu, up = by_event[producers[0]], by_event[producers[1]]
+        assert silu["name"] == "aten::silu"
+        assert up["name"] == "aten::linear"
+        assert silu["ts_ns"] < up["ts_ns"] < by_event[mul]["ts_ns"]  # a GEMM between them
+        gate = edges.filter(pl.col("consumer") == silu["event"])["producer"].to_list()
+        assert [by_event[g]["name"] for g in gate] == ["aten::linear"]
+        down = edges.filter(pl.col("producer") == mul)["consumer"].to_list()
+        assert [by_event[d]["name"] for d in down] == ["aten::linear"]
+
+
+def test_inductor_kernel_after_gemm_reads_its_output(repo_root: Path, load_shared) -> None:  # noqa: ANN001
+    trace, _ = _fixture(repo_root, "mlp_gelu-compiled")
+    ops = dataflow_ops(trace)
+    edges = dataflow(trace, ops).filter(pl.col("consumer_name") == "graph_0_cpp_fused_gelu_0")
+    kernels = ops.filter(pl.col("name") == "graph_0_cpp_fused_gelu_0")
+    assert set(edges["consumer"]) == set(kernels["event"])
+    assert set(edges["producer_name"]) == {"aten::addmm"}
+
+    triton = load_shared(TRITON)
+    edges = dataflow(triton)
+    glu = edges.filter(pl.col("consumer_name") == "triton_poi_fused__unsafe_view_mul_silu_2")
+    assert glu["producer_name"].to_list() == ["aten::mm", "aten::mm"]  # gate and up GEMMs
+    assert glu["confidence"].min() >= SURE
+
+
+def test_parallel_projections_read_one_input(load_shared) -> None:  # noqa: ANN001
+    """q/k/v projections in the compiled Llama-style block all read the norm kernel."""
+    edges = dataflow(load_shared(TRITON))
+    norm = "triton_red_fused_add_mean_mul_pow_rsqrt_0"
+    qkv = edges.filter((pl.col("producer_name") == norm) & (pl.col("consumer_name") == "aten::mm"))
+    assert qkv.height == 3
+    assert qkv["confidence"].min() >= SURE
+
+
+def test_gpu_time_of_each_op_is_its_kernels(load_shared) -> None:  # noqa: ANN001
+    """`gpu_ns` against `Trace.kernels_of` (which walks op descendants by itself)."""
+    trace = load_shared(QWEN)
+    ops = dataflow_ops(trace)
+    sample = ops.filter(pl.col("n_kernels") > 0).head(40)
+    for row in sample.iter_rows(named=True):
+        kernels = trace.kernels_of(row["event"])
+        assert row["gpu_ns"] == kernels["dur_ns"].sum()
+        assert row["kernel_events"] == kernels["event"].cast(pl.Int64).to_list()
+    launched = trace.kernels.filter(pl.col("op_event").is_not_null())
+    assert ops["gpu_ns"].sum() == launched["dur_ns"].sum()
+
+
+def test_without_shapes_relu_reads_the_linear_before_it(load_shared) -> None:  # noqa: ANN001
+    """param's linear_kineto has no `Input Dims`: edges fall back to sibling order."""
+    trace = load_shared(PARAM_LINEAR)
+    edges = dataflow(trace)
+    relu = edges.filter(pl.col("consumer_name") == "aten::relu")
+    assert relu.height == trace.ops.filter(pl.col("name") == "aten::relu").height
+    assert set(relu["producer_name"]) == {"aten::linear"}
+    assert set(relu["evidence"]) == {"order"}
+
+
+@pytest.mark.slow
+def test_dataflow_of_a_216k_event_trace_is_fast(load_shared) -> None:  # noqa: ANN001
+    trace = load_shared(DF_INDEX)
+    started = time.perf_counter()
+    ops = dataflow_ops(trace)
+    edges = dataflow(trace, ops)
+    elapsed = time.perf_counter() - started
+    assert ops.height > 10_000 and edges.height > 10_000
+    assert elapsed < 3.0  # ~0.5 s here; generous for a shared CI machine

@@ -1,0 +1,363 @@
+"""The overhead and kernel rules (TQ201–TQ205, TQ301, TQ302), each on a trace where its
+pattern is present and one where it is absent.
+
+Expected numbers are recomputed from the raw trace with the standard library's JSON
+reader (event ids are indices into `traceEvents`), not from traceq's frames, and checked
+against each rule's documented savings model.
+
+Real traces (skipped when `../shared/traces` is absent), all copied unchanged:
+- `kineto_tb_plugin/.../resnet50_num_workers_0/...`: pytorch/kineto tb_plugin sample, BSD-3.
+- `tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz`: AMD-AGI/TraceLens,
+  MIT.
+- `hta/tests/data/critical_path/alexnet/...` and `hta/tests/data/rank_non_gpu/...`:
+  facebookresearch/HolisticTraceAnalysis, MIT.
+- `param/et_replay/tests/inputs/linear_kineto.json.gz`: facebookresearch/param, MIT.
+Fixtures (`fixtures/*.pt.trace.json.gz`) are recorded by this project (`fixtures/record.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import traceq
+from traceq.analyze import analyze
+from traceq.rules.finding import Finding
+from traceq.rules.tq204_dispatch_overhead import METADATA_OPS
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+RESNET = (
+    "kineto_tb_plugin/tb_plugin/samples/resnet50_num_workers_0/"
+    "worker0.1623143089861.pt.trace.json.gz"
+)
+QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+ALEXNET = "hta/tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
+RANK_NON_GPU = "hta/tests/data/rank_non_gpu/rank_non_gpu.json.gz"
+LINEAR_KINETO = "param/et_replay/tests/inputs/linear_kineto.json.gz"
+CPU_FIXTURES = sorted(FIXTURES.glob("*.pt.trace.json.gz"))
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+
+
+# -- the independent reference: raw events -----------------------------------------------
+
+
+class Raw:
+    """A trace as the stdlib reads it: events by id, times in exact integer ns."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.events: list[dict[str, Any]] = document["traceEvents"]
+
+    @staticmethod
+    def ns(value: Any) -> int:
+        return int(Decimal(str(value)) * 1000)
+
+    def start(self, event: int) -> int:
+        return self.ns(self.events[event]["ts"])
+
+    def dur(self, event: int) -> int:
+        return self.ns(self.events[event].get("dur", 0))
+
+    def end(self, event: int) -> int:
+        return self.start(event) + self.dur(event)
+
+    def where(self, test: Callable[[dict[str, Any]], bool]) -> list[int]:
+        return [i for i, e in enumerate(self.events) if e.get("ph") == "X" and test(e)]
+
+    def gpu(self) -> list[int]:
+        return self.where(lambda e: str(e.get("cat", "")).lower() in GPU_CATS)
+
+
+@pytest.fixture(scope="module")
+def raw_of(read_json, shared_trace) -> Callable[[str], Raw]:
+    cache: dict[str, Raw] = {}
+
+    def get(relpath: str) -> Raw:
+        if relpath not in cache:
+            cache[relpath] = Raw(read_json(shared_trace(relpath), parse_float=Decimal))
+        return cache[relpath]
+
+    return get
+
+
+def only(findings: list[Finding], rule: str) -> list[Finding]:
+    return [f for f in findings if f.rule == rule]
+
+
+@pytest.mark.parametrize("path", CPU_FIXTURES, ids=[p.name for p in CPU_FIXTURES])
+def test_gpu_rules_are_silent_on_cpu_only_traces(path: Path) -> None:
+    """No GPU, no launch queue, copies, tensor cores or occupancy: nothing to report."""
+    findings = analyze(traceq.load(path), select=["TQ201", "TQ203", "TQ301", "TQ302"])
+    assert findings == []
+
+
+# -- TQ201 launch-bound -------------------------------------------------------------------
+
+
+def test_tq201_finds_the_launch_bound_stretch_of_each_resnet_step(load_shared, raw_of) -> None:
+    trace = load_shared(RESNET)
+    raw = raw_of(RESNET)
+    findings = analyze(trace, select="TQ201")
+    steps = trace.steps["step"].to_list()
+    assert findings and {f.step for f in findings} == set(steps)
+    for finding in findings:
+        kernels = sorted(finding.kernels, key=raw.start)
+        # consecutive on one device, all in the finding's step
+        devices = {raw.events[k]["args"]["device"] for k in kernels}
+        assert len(devices) == 1
+        idle, reach = 0, raw.end(kernels[0])
+        for k in kernels[1:]:
+            idle += max(0, raw.start(k) - reach)
+            reach = max(reach, raw.end(k))
+        assert finding.time_us == pytest.approx(idle / 1000)
+        assert finding.est_saving_us == pytest.approx(idle / 1000 - (len(kernels) - 1) * 1.0)
+        span = reach - raw.start(kernels[0])
+        assert finding.evidence["idle_share"] == pytest.approx(idle / span)
+        assert idle / span >= 0.3 and len(kernels) >= 20
+
+
+def test_tq201_leaves_the_gpu_bound_body_of_a_prefill_alone(load_shared) -> None:
+    trace = load_shared(QWEN)
+    findings = analyze(trace, select="TQ201")
+    flagged = {k for f in findings for k in f.kernels}
+    total_ns = trace.kernels["dur_ns"].sum()
+    flagged_ns = trace.kernels.filter(trace.kernels["event"].is_in(list(flagged)))["dur_ns"].sum()
+    # Only the warm-up stretch before the queue fills (31 of 1,707 activities) is flagged.
+    assert len(flagged) < 0.05 * trace.kernels.height
+    assert flagged_ns < 0.05 * total_ns
+
+
+def test_tq201_thresholds_come_from_options(load_shared) -> None:
+    trace = load_shared(RESNET)
+    default = analyze(trace, select="TQ201")
+    stricter = analyze(trace, select="TQ201", options={"TQ201": {"min_kernels": 100_000}})
+    assert default and stricter == []
+
+
+# -- TQ202 host-sync ----------------------------------------------------------------------
+
+
+def test_tq202_measures_the_wait_and_the_refill_bubble_of_a_sync(load_shared, raw_of) -> None:
+    trace = load_shared(QWEN)
+    raw = raw_of(QWEN)
+    findings = analyze(trace, select="TQ202")
+    by_op = {f.evidence["op_names"][0]: f for f in findings}
+    assert set(by_op) == {"aten::is_nonzero", "cudaDeviceSynchronize"}
+    finding = by_op["aten::is_nonzero"]
+    sync = finding.evidence["sync_event"]
+    assert raw.events[sync]["name"] == "cudaStreamSynchronize"
+    sync_end = raw.end(sync)
+    gpu = raw.gpu()
+    next_start = min(raw.start(k) for k in gpu if raw.start(k) >= sync_end)
+    reach = max(raw.end(k) for k in gpu if raw.start(k) <= sync_end)
+    wait = raw.dur(sync) / 1000
+    bubble = max(0, next_start - max(sync_end, reach)) / 1000
+    assert finding.evidence["wait_us"] == pytest.approx(wait)
+    assert finding.evidence["bubble_us"] == pytest.approx(bubble)
+    assert finding.est_saving_us == pytest.approx(min(wait, bubble))
+    # the profiler's own cudaDeviceSynchronize outside any step is left out by default
+    outside = [f for f in findings if f.step is None]
+    assert outside == []
+
+
+def test_tq202_reports_scalar_reads_on_a_cpu_only_trace(load_shared, raw_of) -> None:
+    trace = load_shared(RANK_NON_GPU)
+    raw = raw_of(RANK_NON_GPU)
+    findings = analyze(trace, select="TQ202")
+    items = raw.where(lambda e: e.get("name") == "aten::item")
+    assert len(findings) == len(items) == 5
+    assert {f.severity for f in findings} == {"info"}
+    assert sorted(f.ops[0] for f in findings) == sorted(items)
+    for finding in findings:
+        assert finding.est_saving_us == pytest.approx(raw.dur(finding.ops[0]) / 1000)
+
+
+def test_tq202_ignores_a_trailing_sync_with_no_work_after_it(load_shared) -> None:
+    trace = load_shared(LINEAR_KINETO)
+    syncs = trace.runtime.filter(trace.runtime["name"] == "cudaDeviceSynchronize")
+    # the one sync returns after the last GPU activity has started: nothing refills
+    assert syncs.height == 1 and syncs["end_ns"][0] > trace.kernels["ts_ns"].max()
+    assert analyze(trace, select="TQ202") == []
+
+
+@pytest.mark.parametrize("path", CPU_FIXTURES, ids=[p.name for p in CPU_FIXTURES])
+def test_tq202_is_silent_without_syncs_or_scalar_reads(path: Path) -> None:
+    assert analyze(traceq.load(path), select="TQ202") == []
+
+
+# -- TQ203 memcpy -------------------------------------------------------------------------
+
+
+def test_tq203_counts_the_host_time_of_pageable_copies(load_shared, raw_of) -> None:
+    trace = load_shared(ALEXNET)
+    raw = raw_of(ALEXNET)
+    (finding,) = analyze(trace, select="TQ203")
+    copies = raw.where(lambda e: e.get("name") == "Memcpy HtoD (Pageable -> Device)")
+    assert sorted(finding.kernels) == sorted(copies)
+    calls = {
+        e["args"]["correlation"]: i
+        for i, e in enumerate(raw.events)
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    blocked = sum(
+        min(raw.dur(calls[raw.events[c]["args"]["correlation"]]), raw.dur(c)) for c in copies
+    )
+    assert finding.est_saving_us == pytest.approx(blocked / 1000)
+    assert finding.evidence["bytes"] == sum(raw.events[c]["args"]["bytes"] for c in copies)
+    assert finding.time_us == pytest.approx(sum(raw.dur(c) for c in copies) / 1000)
+
+
+def test_tq203_is_silent_when_copies_are_pinned(load_shared) -> None:
+    trace = load_shared(QWEN)
+    copies = trace.kernels.filter(trace.kernels["kind"] == "memcpy")["name"].to_list()
+    assert copies == ["Memcpy DtoH (Device -> Pinned)"]
+    assert analyze(trace, select="TQ203") == []
+
+
+# -- TQ204 dispatch-overhead --------------------------------------------------------------
+
+
+def _pure_metadata_ns(raw: Raw, start: int, end: int) -> int:
+    """Outermost metadata ops in [start, end) with no other op nested inside them, summed
+    from raw intervals on each thread (the reference for TQ204)."""
+    ops = [i for i in raw.where(lambda e: e.get("cat") == "cpu_op") if start <= raw.start(i) < end]
+
+    def inside(child: int, parent: int) -> bool:
+        same = raw.events[child]["tid"] == raw.events[parent]["tid"]
+        return (
+            same
+            and child != parent
+            and raw.start(parent) <= raw.start(child)
+            and raw.end(child) <= raw.end(parent)
+        )
+
+    def is_meta(i: int) -> bool:
+        return raw.events[i]["name"] in METADATA_OPS
+
+    pure = [i for i in ops if is_meta(i) and not any(inside(j, i) and not is_meta(j) for j in ops)]
+    outer = [i for i in pure if not any(inside(i, j) for j in pure)]
+    return sum(raw.dur(i) for i in outer)
+
+
+def test_tq204_measures_no_work_ops_as_a_share_of_the_step(read_json) -> None:
+    path = FIXTURES / "geglu_mlp-eager.pt.trace.json.gz"
+    trace = traceq.load(path)
+    raw = Raw(read_json(path, parse_float=Decimal))
+    findings = analyze(trace, select="TQ204")
+    assert findings
+    for finding in findings:
+        step = trace.steps.filter(trace.steps["step"] == finding.step).row(0, named=True)
+        expected = _pure_metadata_ns(raw, step["ts_ns"], step["end_ns"])
+        assert finding.time_us == pytest.approx(expected / 1000)
+        assert finding.evidence["share"] == pytest.approx(expected / step["dur_ns"])
+        # CPU-only: the whole overhead is on the timeline
+        assert finding.est_saving_us == pytest.approx(finding.time_us)
+    # steps below the share threshold are not reported
+    for step in trace.steps.iter_rows(named=True):
+        share = _pure_metadata_ns(raw, step["ts_ns"], step["end_ns"]) / step["dur_ns"]
+        assert (share >= 0.1) == any(f.step == step["step"] for f in findings)
+
+
+def test_tq204_is_silent_when_compiled_away() -> None:
+    trace = traceq.load(FIXTURES / "geglu_mlp-compiled.pt.trace.json.gz")
+    assert analyze(trace, select="TQ204") == []
+
+
+def test_tq204_scales_gpu_trace_savings_by_gpu_idle_share(load_shared) -> None:
+    trace = load_shared(RESNET)
+    findings = analyze(trace, select="TQ204")
+    assert findings
+    busy = dict(trace.step_times().select("step", "gpu_ns").iter_rows())
+    for finding in findings:
+        window = finding.evidence["window_us"] * 1000
+        idle_share = max(0.0, 1 - busy[finding.step] / window)
+        assert finding.est_saving_us == pytest.approx(finding.time_us * idle_share)
+
+
+# -- TQ205 compile-overhead ---------------------------------------------------------------
+
+
+def test_tq205_reports_a_cold_compile_inside_the_step(read_json) -> None:
+    path = FIXTURES / "geglu_mlp-compiled_cold.pt.trace.json.gz"
+    trace = traceq.load(path)
+    raw = Raw(read_json(path, parse_float=Decimal))
+    (finding,) = analyze(trace, select="TQ205")
+    (dynamo,) = raw.where(lambda e: e.get("name") == "dynamo")
+    assert finding.ops == [dynamo]
+    assert finding.evidence["kind"] == "compilation"
+    assert finding.time_us == pytest.approx(raw.dur(dynamo) / 1000)
+    assert finding.est_saving_us == finding.time_us
+    compile_files = raw.where(lambda e: e.get("name") == "compile_file")
+    assert finding.evidence["phases_us"]["compile_file"] == pytest.approx(
+        sum(raw.dur(i) for i in compile_files) / 1000
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["geglu_mlp-compiled", "geglu_mlp-eager", "swiglu_mlp-compiled", "linear-compiled"]
+)
+def test_tq205_is_silent_for_a_warm_compiled_model_and_eager_code(name: str) -> None:
+    trace = traceq.load(FIXTURES / f"{name}.pt.trace.json.gz")
+    assert analyze(trace, select="TQ205") == []
+
+
+# -- TQ301 fp32-gemm ----------------------------------------------------------------------
+
+
+def test_tq301_finds_fp32_simt_gemms_on_a_tensor_core_gpu(load_shared, raw_of) -> None:
+    trace = load_shared(LINEAR_KINETO)
+    raw = raw_of(LINEAR_KINETO)
+    findings = analyze(trace, select="TQ301")
+    by_kernel = {f.evidence["kernel"]: f for f in findings}
+    assert set(by_kernel) == {
+        "volta_sgemm_64x64_tn",
+        "volta_sgemm_128x64_nn",
+        "volta_sgemm_128x128_nt",
+    }
+    # RTX 2080 Ti: fp16 tensor cores (26.9 TFLOPS with fp32 accumulate) vs fp32 13.4
+    ratio = 26.9 / 13.4
+    for name, finding in by_kernel.items():
+        launches = raw.where(lambda e, n=name: e.get("name") == n)
+        time = sum(raw.dur(k) for k in launches) / 1000
+        assert sorted(finding.kernels) == sorted(launches)
+        assert finding.time_us == pytest.approx(time)
+        # no shapes recorded: no memory floor, the peak ratio alone
+        assert finding.est_saving_us == pytest.approx(time - time / ratio)
+        assert finding.dtype == "fp32"
+        assert "autocast" in finding.fix
+
+
+def test_tq301_is_silent_for_a_bf16_model(load_shared) -> None:
+    trace = load_shared(QWEN)
+    assert analyze(trace, select="TQ301") == []
+
+
+# -- TQ302 low-occupancy ------------------------------------------------------------------
+
+
+def test_tq302_flags_a_heavy_kernel_on_a_small_grid(load_shared, raw_of) -> None:
+    trace = load_shared(RESNET)
+    raw = raw_of(RESNET)
+    (finding,) = analyze(trace, select="TQ302")
+    name = finding.evidence["kernel"]
+    kernels = raw.where(lambda e: str(e.get("cat", "")).lower() == "kernel")
+    launches = [k for k in kernels if raw.events[k]["name"] == name]
+    time = sum(raw.dur(k) for k in launches)
+    total = sum(raw.dur(k) for k in kernels)
+    blocks = sorted(math.prod(raw.events[k]["args"]["grid"]) for k in launches)
+    median_blocks = (blocks[(len(blocks) - 1) // 2] + blocks[len(blocks) // 2]) / 2
+    sms = trace.device_properties[0]["numSms"]
+    assert finding.time_us == pytest.approx(time / 1000)
+    assert finding.evidence["share"] == pytest.approx(time / total)
+    assert median_blocks <= sms / 2
+    assert finding.est_saving_us == pytest.approx(time / 1000 * (1 - median_blocks / sms))
+
+
+def test_tq302_leaves_tuned_library_gemms_alone(load_shared) -> None:
+    # The sgemm kernels here run at 24% occupancy by design, on grids that fill the GPU.
+    trace = load_shared(LINEAR_KINETO)
+    assert analyze(trace, select="TQ302") == []

@@ -1,0 +1,397 @@
+"""Data flow between ops: which op's output another op reads, recovered from a Kineto trace.
+
+Kineto records no tensor ids, so producer -> consumer edges are inferred from what it does
+record, and each edge says what it rests on (`evidence`) and how sure it is (`confidence`):
+
+- the ops: data flow is between *semantic* ops, the dispatcher ops not nested in another
+  one (`aten::linear`, not the `aten::addmm` inside it) plus Inductor's fused kernels;
+- shapes: an op reads a tensor of the shape an earlier op returned (`opshapes` derives
+  outputs), the most recent one on its thread within one `ProfilerStep`, ranked by the
+  module tree (`matching`);
+- program order between sibling ops where the trace has no shapes, and for Inductor's
+  C++ kernels, which record no arguments at all;
+- a GEMM mapping shape S to S is never credited as the producer of another GEMM's input:
+  back-to-back projections of one input (q/k/v, gate/up) are far more common than a
+  chain of square GEMMs with nothing in between.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+
+from traceq import opshapes
+from traceq.matching import CONFIDENCE, THREAD, numel_key, shape_edges, shape_key
+from traceq.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+
+if TYPE_CHECKING:
+    from traceq.trace import Trace
+
+COMPILING = r"(\(dynamo_timed\)$|^dynamo$|^entire_frame_compile$)"
+"""Ranges Dynamo and Inductor record while compiling: the ops inside run on fake tensors."""
+COMPILED_REGION = r"^(Torch-Compiled Region|CompiledFunction|## Call CompiledFxGraph)"
+"""Non-semantic ops whose children run a compiled graph (buffers reinterpreted freely)."""
+REDUCING_FUSED = r"(?i)(_red_|_per_|mean|sum|amax|amin|var|std|norm|softmax|argm)"
+"""Fused kernels whose names say they reduce: their output shape is not their input's."""
+
+_SIG_KEYS = ["name", "input_dims", "_types_text", "_concrete_text"]
+_EDGE_SCHEMA = {
+    "producer": pl.Int64,
+    "consumer": pl.Int64,
+    "producer_name": pl.String,
+    "consumer_name": pl.String,
+    "input_index": pl.Int64,
+    "shape": pl.List(pl.Int64),
+    "confidence": pl.Float64,
+    "evidence": pl.String,
+    "inferred": pl.Boolean,
+}
+
+
+def is_semantic(name: pl.Expr) -> pl.Expr:
+    """True for dispatcher ops (`aten::*`, `zoo::*`, ...) and Inductor's fused kernels."""
+    dispatcher = name.str.contains(SEMANTIC_OP) & ~name.str.starts_with(NOT_SEMANTIC_NS[0])
+    for ns in NOT_SEMANTIC_NS[1:]:
+        dispatcher = dispatcher & ~name.str.starts_with(ns)
+    return dispatcher | name.str.contains(FUSED_KERNEL)
+
+
+def semantic_root(ops: pl.DataFrame) -> np.ndarray:
+    """Position (in `ops`, sorted by event) of each op's outermost semantic ancestor-or-self,
+    or -1; also -1 for ops run while compiling (Dynamo traces with fake tensors)."""
+    events = ops["event"].cast(pl.Int64).to_numpy()
+    parent_event = ops["parent"].fill_null(-1).to_numpy()
+    parent = np.where(parent_event >= 0, np.searchsorted(events, parent_event), -1)
+    semantic = ops.select(is_semantic(pl.col("name")))["name"].to_numpy()
+    compiling = ops.select(pl.col("name").str.contains(COMPILING))["name"].to_numpy()
+    root = np.where(semantic, np.arange(len(events)), -1)
+    ancestor = parent.copy()
+    live = np.flatnonzero(ancestor >= 0)
+    while live.size:
+        hit = semantic[ancestor[live]]
+        root[live[hit]] = ancestor[live[hit]]
+        compiling[live] |= compiling[ancestor[live]]
+        ancestor[live] = parent[ancestor[live]]
+        live = live[ancestor[live] >= 0]
+    root[compiling] = -1
+    return root
+
+
+def dataflow_ops(trace: Trace) -> pl.DataFrame:
+    """The ops data flow is defined over, one row each, with their kernels and output shape.
+
+    Columns: event, name, pid, tid, ts_ns, dur_ns, step, module, parent (enclosing
+    non-semantic op, e.g. an autograd node), compiled (an Inductor kernel or an op of a
+    compiled graph), input_dims, shapes, input_types, dtype, kind (gemm, activation,
+    elementwise, ...; `opshapes`), output_shape, data_inputs, kernel_events, kernel_names,
+    gpu_ns, cpu_ns, n_kernels.
+    """
+    ops = trace.ops.sort("event")
+    root = semantic_root(ops)
+    positions = np.arange(ops.height)
+    top = ops.filter(pl.Series(root == positions))
+    root_event = ops["event"].cast(pl.Int64).gather(pl.Series(np.where(root >= 0, root, 0)))
+    op_root = pl.DataFrame(
+        {"op_event": ops["event"].cast(pl.Int64), "_root": root_event, "_ok": root >= 0}
+    ).filter(pl.col("_ok"))
+    kernels = (
+        trace.kernels.select("event", "name", "ts_ns", "dur_ns", "op_event")
+        .join(op_root, on="op_event", how="inner")
+        .sort("ts_ns", "event")
+        .group_by("_root")
+        .agg(
+            pl.col("event").cast(pl.Int64).alias("kernel_events"),
+            pl.col("name").alias("kernel_names"),
+            pl.col("dur_ns").sum().cast(pl.Int64).alias("gpu_ns"),
+        )
+    )
+    frame = (
+        top.with_columns(
+            pl.col("event").cast(pl.Int64),
+            pl.col("input_types").list.join("\x1f").fill_null("").alias("_types_text"),
+            pl.col("concrete_inputs").list.join("\x1f").fill_null("").alias("_concrete_text"),
+        )
+        .join(_signatures(top), on=_SIG_KEYS, how="left", nulls_equal=True)
+        .join(kernels, left_on="event", right_on="_root", how="left")
+    )
+    parents = ops.select(
+        pl.col("event").cast(pl.Int64).alias("parent"), pl.col("name").alias("_pn")
+    )
+    frame = frame.join(parents, on="parent", how="left").with_columns(
+        (
+            (pl.col("kind") == opshapes.FUSED)
+            | pl.col("_pn").str.contains(COMPILED_REGION).fill_null(False)
+        ).alias("compiled")
+    )
+    dtype = pl.col("input_types").list.eval(pl.element().filter(~pl.element().is_in(NOT_TENSOR)))
+    return frame.select(
+        "event",
+        "name",
+        "pid",
+        "tid",
+        "ts_ns",
+        "dur_ns",
+        "step",
+        "module",
+        "parent",
+        "compiled",
+        "input_dims",
+        "shapes",
+        "input_types",
+        dtype.list.first().alias("dtype"),
+        "kind",
+        "output_shape",
+        "data_inputs",
+        pl.col("kernel_events").fill_null([]),
+        pl.col("kernel_names").fill_null([]),
+        pl.col("gpu_ns").fill_null(0),
+        pl.col("dur_ns").alias("cpu_ns"),
+        pl.col("kernel_events").list.len().fill_null(0).cast(pl.Int64).alias("n_kernels"),
+    ).sort("event")
+
+
+def _signatures(top: pl.DataFrame) -> pl.DataFrame:
+    """Kind, data inputs and output shape per distinct op signature (Python, once each)."""
+    unique = top.select(
+        "name",
+        "input_dims",
+        "input_types",
+        "concrete_inputs",
+        pl.col("input_types").list.join("\x1f").fill_null("").alias("_types_text"),
+        pl.col("concrete_inputs").list.join("\x1f").fill_null("").alias("_concrete_text"),
+    ).unique(_SIG_KEYS, maintain_order=True)
+    kinds, outputs, inputs = [], [], []
+    for name, dims, types, concrete in unique.select(
+        "name", "input_dims", "input_types", "concrete_inputs"
+    ).iter_rows():
+        sig = opshapes.signature(name, dims, types, concrete)
+        kinds.append(sig.kind)
+        outputs.append(sig.output)
+        inputs.append([{"index": i, "shape": s} for i, s in sig.inputs])
+    return unique.select(_SIG_KEYS).with_columns(
+        pl.Series("kind", kinds, dtype=pl.String),
+        pl.Series("output_shape", outputs, dtype=pl.List(pl.Int64)),
+        pl.Series(
+            "data_inputs",
+            inputs,
+            dtype=pl.List(pl.Struct({"index": pl.Int64, "shape": pl.List(pl.Int64)})),
+        ),
+    )
+
+
+# -- edges --------------------------------------------------------------------------------
+
+
+def dataflow(trace: Trace, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Producer -> consumer edges between rows of `dataflow_ops` (pass them in if built).
+
+    Columns: producer, consumer (event ids), producer_name, consumer_name, input_index
+    (null for order-only edges), shape, confidence (0..1], evidence ("shape+order",
+    "gemm-output-shape+same-module", "numel+order", "order", ...), inferred (True: Kineto
+    has no tensor ids).
+    """
+    ops = dataflow_ops(trace) if ops is None else ops
+    nodes = _numbered(ops)
+    blind = _blind_edges(nodes)
+    nodes = _infer_blind_outputs(nodes, blind)
+    parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes))
+    parts = [e for e in parts if e.height]
+    if not parts:
+        return pl.DataFrame(schema=_EDGE_SCHEMA)
+    edges = pl.concat(parts, how="diagonal_relaxed")
+    names = nodes.select("event", "name")
+    return (
+        edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")
+        .join(names.rename({"event": "consumer", "name": "consumer_name"}), on="consumer")
+        .with_columns(pl.lit(True).alias("inferred"))
+        .select(list(_EDGE_SCHEMA))
+        .cast(_EDGE_SCHEMA)
+        .unique(["producer", "consumer", "input_index"], keep="first", maintain_order=True)
+        .sort("consumer", "input_index", "producer", nulls_last=True)
+    )
+
+
+def _numbered(ops: pl.DataFrame) -> pl.DataFrame:
+    """Ops in thread order (`_seq`), with matching keys and the scope of their result."""
+    nodes = (
+        ops.sort("pid", "tid", "ts_ns", "event")
+        .with_row_index("_seq")
+        .with_columns(
+            pl.col("_seq").cast(pl.Int64),
+            pl.col("step").fill_null(-1).alias("_step"),
+            pl.col("module").fill_null("").alias("_module"),
+            pl.col("compiled").alias("_loose"),
+            pl.col("parent").fill_null(-1).alias("_tree"),
+            pl.lit(False).alias("_out_inferred"),
+            numel_key(pl.col("data_inputs").list.first().struct.field("shape")).alias("_in_numel"),
+        )
+        .with_columns(
+            pl.col("_module").shift(-1).over("pid", "tid").fill_null("").alias("_next_module")
+        )
+    )
+    return _with_keys(nodes.join(_scopes(nodes), on=["_module", "_next_module"], how="left"))
+
+
+def _with_keys(nodes: pl.DataFrame) -> pl.DataFrame:
+    return nodes.with_columns(
+        shape_key(pl.col("output_shape")).alias("_out_shape"),
+        numel_key(pl.col("output_shape")).alias("_out_numel"),
+    )
+
+
+def _scopes(nodes: pl.DataFrame) -> pl.DataFrame:
+    """Where an op's result can be read: the module calls still open after the op.
+
+    Modules the op was the last of may have returned its result; a module that goes on
+    after it keeps it inside (encapsulation). So the scope is the common prefix of the
+    op's module path and the next op's. One Python step per distinct pair of paths.
+    """
+    pairs = nodes.select("_module", "_next_module").unique()
+    scopes = []
+    for module, after in pairs.iter_rows():
+        common = []
+        for a, b in zip(module.split("."), after.split("."), strict=False):
+            if a != b:
+                break
+            common.append(a)
+        scopes.append(".".join(common))
+    return pairs.with_columns(pl.Series("_scope", scopes, dtype=pl.String))
+
+
+def _blind_edges(nodes: pl.DataFrame) -> pl.DataFrame:
+    """Edges into ops that recorded no inputs (no `record_shapes`, Inductor C++ kernels).
+
+    Such an op reads its previous sibling (same thread, step and enclosing op). A fused
+    kernel also reads every earlier sibling result since the previous blind op that no
+    op had read by shape before it (a GLU kernel reads both the gate and the up GEMM).
+    """
+    scope = [*THREAD, "_tree"]
+    ordered = nodes.sort("_seq").with_columns(
+        pl.col("event").shift(1).over(scope).alias("producer"),
+        pl.col("input_dims").is_null().alias("_blind"),
+    )
+    previous = ordered.filter(
+        pl.col("_blind") & pl.col("producer").is_not_null() & (pl.col("kind") != opshapes.FACTORY)
+    ).select(
+        "producer",
+        pl.col("event").alias("consumer"),
+        pl.lit(None, dtype=pl.Int64).alias("input_index"),
+        pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
+        pl.when(pl.col("kind") == opshapes.FUSED)
+        .then(CONFIDENCE["compiled-order"])
+        .otherwise(CONFIDENCE["order"])
+        .alias("confidence"),
+        pl.lit("order").alias("evidence"),
+    )
+    fused = ordered.filter(pl.col("_blind") & (pl.col("kind") == opshapes.FUSED))
+    if fused.height == 0:
+        return previous
+    by_shape = shape_edges(nodes)
+    if by_shape.height == 0:
+        by_shape = pl.DataFrame(schema={"producer": pl.Int64, "consumer": pl.Int64})
+    read = by_shape.select("producer", pl.col("consumer").alias("_reader"))
+    readers = read.join(nodes.select(pl.col("event").alias("_reader"), "_seq"), on="_reader")
+    first_read = readers.group_by("producer").agg(pl.col("_seq").min().alias("_read_seq"))
+    segment = ordered.with_columns(
+        pl.col("_blind").cast(pl.Int64).cum_sum().shift(1).fill_null(0).over(scope).alias("_seg")
+    )
+    kernels = segment.filter(pl.col("_blind") & (pl.col("kind") == opshapes.FUSED)).select(
+        *scope, "_seg", pl.col("event").alias("consumer"), pl.col("_seq").alias("_cseq")
+    )
+    unread = (
+        segment.filter(~pl.col("_blind") & pl.col("output_shape").is_not_null())
+        .join(first_read, left_on="event", right_on="producer", how="left")
+        .select(*scope, "_seg", pl.col("event").alias("producer"), "_seq", "_read_seq")
+    )
+    extra = (
+        kernels.join(unread, on=[*scope, "_seg"])
+        .filter(
+            (pl.col("_seq") < pl.col("_cseq"))
+            & (pl.col("_read_seq").is_null() | (pl.col("_read_seq") > pl.col("_cseq")))
+        )
+        .join(previous.select("producer", "consumer"), on=["producer", "consumer"], how="anti")
+        .select(
+            "producer",
+            "consumer",
+            pl.lit(None, dtype=pl.Int64).alias("input_index"),
+            pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
+            pl.lit(CONFIDENCE["unread"]).alias("confidence"),
+            pl.lit("order+unread").alias("evidence"),
+        )
+    )
+    return pl.concat([previous, extra])
+
+
+def _infer_blind_outputs(nodes: pl.DataFrame, blind: pl.DataFrame) -> pl.DataFrame:
+    """A pointwise fused kernel with no recorded arguments returns its input's shape."""
+    targets = nodes.filter(
+        (pl.col("kind") == opshapes.FUSED)
+        & pl.col("output_shape").is_null()
+        & ~pl.col("name").str.contains(REDUCING_FUSED)
+    )
+    if targets.height == 0 or blind.height == 0:
+        return nodes
+    shapes = (
+        blind.filter(pl.col("evidence") == "order")
+        .join(
+            nodes.select(pl.col("event").alias("producer"), pl.col("output_shape").alias("_in")),
+            on="producer",
+        )
+        .select(pl.col("consumer").alias("event"), "_in")
+        .join(targets.select("event"), on="event", how="semi")
+        .drop_nulls("_in")
+    )
+    patched = (
+        nodes.join(shapes, on="event", how="left")
+        .with_columns(
+            pl.coalesce("output_shape", "_in").alias("output_shape"),
+            (pl.col("_out_inferred") | pl.col("_in").is_not_null()).alias("_out_inferred"),
+        )
+        .drop("_in")
+    )
+    return _with_keys(patched)
+
+
+def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Forward op -> the ops of its autograd backward node, by the autograd sequence number.
+
+    The node (`AddmmBackward0`, ...) carries the sequence number of the forward op that
+    created it; its work (`aten::mm`, `aten::gelu_backward`, ...) reads the gradient and
+    the tensors the forward op saved. Views and allocations in the node are left out.
+    """
+    numbered = all_ops.filter(pl.col("sequence_number").is_not_null())
+    if numbered.height == 0:
+        return pl.DataFrame()
+    root = pl.Series(semantic_root(all_ops.sort("event")))
+    ordered = all_ops.sort("event").with_columns(
+        all_ops.sort("event")["event"].cast(pl.Int64).gather(root.clip(0)).alias("_root"),
+        (root >= 0).alias("_has_root"),
+    )
+    forward = (
+        ordered.filter(pl.col("sequence_number").is_not_null() & pl.col("_has_root"))
+        .group_by("sequence_number")
+        .agg(pl.col("_root").sort_by("ts_ns").last().alias("producer"))
+    )
+    backward = ordered.filter(
+        pl.col("sequence_number").is_not_null()
+        & ~pl.col("_has_root")
+        & ~pl.col("name").str.starts_with("autograd::engine")
+        & pl.col("name").str.contains(r"Backward\d*$")
+    ).select(pl.col("event").cast(pl.Int64).alias("parent"), "sequence_number")
+    work = nodes.filter(
+        ~pl.col("kind").is_in([opshapes.VIEW, opshapes.COPY, opshapes.FACTORY])
+    ).select(pl.col("event").alias("consumer"), "parent")
+    return (
+        backward.join(forward, on="sequence_number")
+        .join(work, on="parent")
+        .select(
+            "producer",
+            "consumer",
+            pl.lit(None, dtype=pl.Int64).alias("input_index"),
+            pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
+            pl.lit(CONFIDENCE["fwdbwd"]).alias("confidence"),
+            pl.lit("fwdbwd").alias("evidence"),
+        )
+    )

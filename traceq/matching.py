@@ -1,0 +1,312 @@
+"""Matching op inputs to earlier op outputs by shape: the core of `dataflow`.
+
+Works on the `nodes` frame `dataflow` builds (semantic ops in thread order with `_seq`,
+matching keys and module scopes). Each consumer input looks at a bounded number of the
+most recent producers of its shape (a `join_asof` plus a few offsets, never a cross join),
+ranks them, and takes as many as it has inputs of that shape:
+
+1. live before hidden: a value is hidden when it stayed inside a module call that has
+   ended (encapsulation), or when an op at its own module level replaced it (`x = f(x)`,
+   `x = x.view(...)`); a hidden value is taken only when no live one fits;
+   a GEMM that maps shape S to S is no candidate for another GEMM's input of shape S
+   (q/k/v and gate/up projections read one input; square GEMM chains are rare);
+2. a producer in the consumer's own module before one elsewhere;
+3. the most recent first.
+Producers go to inputs in program order (the earlier producer to the earlier argument),
+which is the order Python evaluates call arguments in.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from traceq import opshapes
+
+WINDOW = 2000
+"""Most semantic ops between a producer and its consumer on one thread."""
+NEAREST = 8
+"""Producers of one shape looked at per consumer input (most recent first)."""
+SAME_MODULE = 2
+"""Producers of one shape in the consumer's own module looked at, beyond `NEAREST`."""
+
+CONFIDENCE = {
+    "unique": 0.9,  # the only live producer of that shape not yet read by another op
+    "same-module": 0.75,  # several fit; this one is in the consumer's module
+    "contested": 0.6,  # several fit; an unread one was passed over for a more recent one
+    "fwdbwd": 0.9,  # the backward node of a forward op (autograd sequence number)
+    "compiled-order": 0.6,  # an argument-less Inductor kernel reads the op before it
+    "unread": 0.5,  # ... and other results of its graph nothing had read yet
+    "order": 0.4,  # no shapes: the previous sibling op
+    "hidden": 0.3,  # only a value replaced by its own module, or kept inside one, fits
+}
+LOOSE_FACTOR = 0.8
+"""Matched on element count only, or on an output shape inferred from program order."""
+THREAD = ["pid", "tid", "_step"]
+_GROUP = ["event", "_group"]
+_RESHAPING_KINDS = (opshapes.VIEW, opshapes.COPY)
+_UPDATING_KINDS = (
+    opshapes.ACTIVATION,
+    opshapes.ELEMENTWISE,
+    opshapes.UNARY,
+    opshapes.COPY,
+    opshapes.VIEW,
+    opshapes.FUSED,
+)
+"""Ops that turn a value into its next version (`x = f(x)`), unlike a GEMM or a norm."""
+COMPILED_WEIGHT_OPERAND = {"aten::mm": 1, "aten::addmm": 2, "aten::_addmm_activation": 2}
+"""In a compiled graph this GEMM operand is a (permuted) parameter, never an op's output."""
+
+
+def shape_key(shape: pl.Expr) -> pl.Expr:
+    return pl.concat_str(pl.lit("s"), shape.cast(pl.List(pl.String)).list.join(","))
+
+
+def numel_key(shape: pl.Expr) -> pl.Expr:
+    numel = shape.list.eval(pl.element().product()).list.first()
+    return pl.concat_str(pl.lit("n"), numel.cast(pl.String))
+
+
+def in_scope(module: pl.Expr, scope: pl.Expr) -> pl.Expr:
+    """True where `module` lies inside the dotted module path `scope` ("" = everywhere)."""
+    return (
+        (scope == "")
+        | (module == scope)
+        | module.str.starts_with(pl.concat_str(scope, pl.lit(".")))
+    )
+
+
+def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
+    """Producer -> consumer edges by shape: producer, consumer, input_index, shape,
+    confidence, evidence."""
+    inputs = _inputs(nodes)
+    if inputs.height == 0:
+        return pl.DataFrame()
+    candidates = _candidates(nodes, inputs)
+    if candidates.height == 0:
+        return pl.DataFrame()
+    first = _choose(candidates, earlier=None)
+    chosen = _choose(candidates, earlier=first)
+    return _assign(chosen, inputs)
+
+
+def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:
+    """One row per data input; inputs of one shape (`_group`) are matched together.
+
+    Loose consumers (Inductor kernels, ops inside a compiled graph) read buffers through
+    views the trace does not record, so they match on element count.
+    """
+    weight = (
+        pl.col("_loose")
+        & pl.col("name").is_in(COMPILED_WEIGHT_OPERAND)
+        & (pl.col("index") == pl.col("name").replace_strict(COMPILED_WEIGHT_OPERAND, default=-1))
+    )
+    return (
+        nodes.select(
+            "event", "name", "_seq", *THREAD[:2], "_step", "_module", "_loose", "data_inputs"
+        )
+        .explode("data_inputs")
+        .unnest("data_inputs")
+        .filter((pl.col("shape").list.len() > 0) & ~weight)
+        .with_columns(
+            pl.when("_loose")
+            .then(numel_key(pl.col("shape")))
+            .otherwise(shape_key(pl.col("shape")))
+            .alias("_group"),
+            numel_key(pl.col("shape")).alias("_numel"),
+        )
+    )
+
+
+def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
+    groups = inputs.group_by(_GROUP, maintain_order=True).agg(
+        pl.col("_seq", *THREAD, "_module", "_loose", "_numel").first(),
+        pl.len().alias("_m"),
+    )
+    producers = nodes.filter(pl.col("output_shape").is_not_null())
+    loose_producers = producers.filter("_loose")
+    strict = groups.filter(~pl.col("_loose"))
+    loose = groups.filter(pl.col("_loose"))
+    queries = [
+        (strict, producers, "_group", "_out_shape", THREAD, NEAREST, "shape"),
+        (strict, producers, "_group", "_out_shape", [*THREAD, "_module"], SAME_MODULE, "shape"),
+        (strict, loose_producers, "_numel", "_out_numel", THREAD, NEAREST, "numel"),
+        (loose, producers, "_group", "_out_numel", THREAD, NEAREST, "numel"),
+    ]
+    found = [
+        _nearest(g, p, left, right, by, k).with_columns(pl.lit(match).alias("_match"))
+        for g, p, left, right, by, k, match in queries
+    ]
+    found = [f for f in found if f.height]
+    if not found:
+        return pl.DataFrame()
+    producer_info = nodes.select(
+        pl.col("event").alias("producer"),
+        pl.col("_module").alias("_pmodule"),
+        pl.col("kind").alias("_pkind"),
+        pl.col("_out_shape").alias("_pshape"),
+        pl.col("_out_numel").alias("_pnumel"),
+        pl.col("_loose").alias("_ploose"),
+        pl.col("_scope").alias("_pscope"),
+        pl.col("_out_inferred").alias("_pinferred"),
+        pl.col("_in_numel").alias("_pin_numel"),
+    )
+    consumer_info = nodes.select(
+        "event",
+        pl.col("kind").alias("_ckind"),
+        pl.col("_out_shape").alias("_cshape"),
+        pl.col("_out_numel").alias("_cnumel"),
+    )
+    projection = (
+        (pl.col("_ckind") == opshapes.GEMM)
+        & (pl.col("_pkind") == opshapes.GEMM)
+        & (pl.col("_pin_numel") == pl.col("_numel"))
+    ).fill_null(False)
+    return (
+        pl.concat(found, how="diagonal_relaxed")
+        .filter(pl.col("_seq") - pl.col("_pseq") <= WINDOW)
+        .sort(pl.col("_match") == "numel")
+        .unique([*_GROUP, "producer"], keep="first", maintain_order=True)
+        .join(producer_info, on="producer")
+        .join(consumer_info, on="event")
+        .filter(~projection)
+        .with_columns(
+            (pl.col("_module") == pl.col("_pmodule")).alias("_same_module"),
+            (~in_scope(pl.col("_module"), pl.col("_pscope"))).alias("_enclosed"),
+        )
+    )
+
+
+def _nearest(
+    groups: pl.DataFrame, producers: pl.DataFrame, left: str, right: str, by: list[str], k: int
+) -> pl.DataFrame:
+    """The `k` most recent producers before each consumer group whose `right` == `left`."""
+    if groups.height == 0 or producers.height == 0:
+        return pl.DataFrame()
+    keyed = (
+        producers.select(*by, pl.col(right).alias("_key"), "event", "_seq")
+        .drop_nulls("_key")
+        .sort(*by, "_key", "_seq")
+        .with_columns(pl.int_range(pl.len()).over(*by, "_key").alias("_rank"))
+    )
+    probe = groups.with_columns(pl.col(left).alias("_key")).drop_nulls("_key").sort("_seq")
+    latest = probe.join_asof(
+        keyed.select(*by, "_key", pl.col("_seq").alias("_pseq"), "_rank").sort("_pseq"),
+        left_on="_seq",
+        right_on="_pseq",
+        by=[*by, "_key"],
+        strategy="backward",
+        allow_exact_matches=False,
+        check_sortedness=False,
+    ).drop_nulls("_rank")
+    wanted = (
+        latest.with_columns(pl.int_ranges(0, k).alias("_off"))
+        .explode("_off")
+        .with_columns((pl.col("_rank") - pl.col("_off")).alias("_rank"))
+        .filter(pl.col("_rank") >= 0)
+    )
+    return wanted.drop("_pseq", "_off").join(
+        keyed.select(
+            *by, "_key", "_rank", pl.col("event").alias("producer"), pl.col("_seq").alias("_pseq")
+        ),
+        on=[*by, "_key", "_rank"],
+    )
+
+
+def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFrame:
+    """The `_m` best producers per consumer group (ranked as the module docstring says).
+
+    `earlier` is a first round's picks: they tell which values were replaced before the
+    consumer, and which were still unread (`_fresh`); passing over an unread live value
+    makes the pick contested.
+    """
+    hidden = pl.col("_enclosed")
+    fresh = pl.lit(True)
+    ranked = candidates
+    if earlier is not None:
+        ranked = ranked.join(_replaced(earlier), on="producer", how="left").join(
+            _first_read(earlier), on="producer", how="left"
+        )
+        hidden = hidden | (pl.col("_replaced_seq") < pl.col("_seq")).fill_null(False)
+        fresh = (pl.col("_first_read") >= pl.col("_seq")).fill_null(True)
+    ranked = (
+        ranked.with_columns(hidden.cast(pl.Int32).alias("_tier"), fresh.alias("_fresh"))
+        .sort("_tier", "_same_module", "_pseq", descending=[False, True, True])
+        .with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_pick"))
+    )
+    passed_over = (pl.col("_pick") >= pl.col("_m")) & (pl.col("_tier") == 0) & pl.col("_fresh")
+    return ranked.with_columns(passed_over.any().over(_GROUP).alias("_contested")).filter(
+        pl.col("_pick") < pl.col("_m")
+    )
+
+
+def _first_read(edges: pl.DataFrame) -> pl.DataFrame:
+    return edges.group_by("producer").agg(pl.col("_seq").min().alias("_first_read"))
+
+
+def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
+    """When each producer's value was replaced by an op at its own module level.
+
+    `x = f(x)` with a same-shaped result, or `x = x.view(...)` / `x.to(...)`, in the
+    producer's module or a module enclosing it: the old value is usually dead after it.
+    A value passed into a submodule stays live in its caller (the residual stream).
+    """
+    same_size = (
+        pl.when(pl.col("_loose") | pl.col("_ploose"))
+        .then(pl.col("_cnumel") == pl.col("_pnumel"))
+        .otherwise(pl.col("_cshape") == pl.col("_pshape"))
+    )
+    level = (pl.col("_module") == pl.col("_pmodule")) | pl.col("_pmodule").str.starts_with(
+        pl.concat_str(pl.col("_module"), pl.lit("."))
+    )
+    kind = pl.col("_ckind")
+    replacing = (
+        level & kind.is_in(_UPDATING_KINDS) & (same_size | kind.is_in(_RESHAPING_KINDS))
+    ).fill_null(False)
+    return (
+        edges.filter(replacing)
+        .group_by("producer")
+        .agg(pl.col("_seq").min().alias("_replaced_seq"))
+    )
+
+
+def _assign(chosen: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
+    """Pair chosen producers with the group's inputs: earlier producer, earlier argument."""
+    picks = chosen.sort("_pseq").with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_slot"))
+    slots = inputs.sort("index").with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_slot"))
+    paired = picks.join(
+        slots.select(*_GROUP, "_slot", "index", "shape"), on=[*_GROUP, "_slot"], how="inner"
+    )
+    loose = (pl.col("_match") == "numel") | pl.col("_pinferred")
+    confidence = (
+        pl.when(pl.col("_tier") > 0)
+        .then(CONFIDENCE["hidden"])
+        .when(~pl.col("_contested"))
+        .then(CONFIDENCE["unique"])
+        .when(pl.col("_same_module"))
+        .then(CONFIDENCE["same-module"])
+        .otherwise(CONFIDENCE["contested"])
+    ) * pl.when(loose).then(LOOSE_FACTOR).otherwise(1.0)
+    what = (
+        pl.when(pl.col("_match") == "numel")
+        .then(pl.lit("numel"))
+        .when(pl.col("_pinferred"))
+        .then(pl.lit("order-shape"))
+        .when(pl.col("_pkind") == opshapes.GEMM)
+        .then(pl.lit("gemm-output-shape"))
+        .otherwise(pl.lit("shape"))
+    )
+    how = (
+        pl.when(pl.col("_tier") > 0)
+        .then(pl.lit("order+hidden"))
+        .when(pl.col("_same_module") & (pl.col("_module") != ""))
+        .then(pl.lit("same-module"))
+        .otherwise(pl.lit("order"))
+    )
+    return paired.select(
+        "producer",
+        pl.col("event").alias("consumer"),
+        pl.col("index").alias("input_index"),
+        "shape",
+        confidence.alias("confidence"),
+        pl.concat_str(what, pl.lit("+"), how).alias("evidence"),
+    )

@@ -1,0 +1,347 @@
+"""Render a `Diff` or a `CheckResult` as terminal text (rich), JSON, or Markdown for a PR.
+
+Text and Markdown are drawn from the same sections (a title, a header, rows of strings),
+so the two never disagree; JSON is the objects' `to_dict()`, with every number exact.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from traceq.regression.check import CheckResult, Metric
+from traceq.regression.diff import Diff, basis_label
+from traceq.regression.dispatch import IMPL_SEP
+from traceq.regression.stats import Change
+
+FORMATS = ("text", "json", "markdown")
+TOP = 25
+
+
+@dataclass
+class Section:
+    title: str
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # free text under the title
+
+
+def render_diff(diff: Diff, fmt: str = "text", top: int = TOP, width: int | None = None) -> str:
+    if fmt == "json":
+        return _json(diff.to_dict())
+    return _render(_diff_sections(diff, top), fmt, width)
+
+
+def render_check(result: CheckResult, fmt: str = "text", width: int | None = None) -> str:
+    if fmt == "json":
+        return _json(result.to_dict())
+    return _render(_check_sections(result), fmt, width)
+
+
+# -- numbers ----------------------------------------------------------------------------
+def fmt_ns(ns: float | None) -> str:
+    if ns is None or (isinstance(ns, float) and not math.isfinite(ns)):
+        return "—"
+    size = abs(ns)
+    if size >= 1e9:
+        return f"{ns / 1e9:.3g} s"
+    if size >= 1e6:
+        return f"{ns / 1e6:.3g} ms"
+    if size >= 1e3:
+        return f"{ns / 1e3:.3g} µs"
+    return f"{ns:.0f} ns"
+
+
+def fmt_delta_ns(ns: float) -> str:
+    return ("+" if ns > 0 else "") + fmt_ns(ns) if ns else "0"
+
+
+def fmt_pct(rel: float | None) -> str:
+    if rel is None or not math.isfinite(rel):
+        return "new" if rel is None else "—"
+    return f"{rel:+.1%}"
+
+
+def fmt_count(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def fmt_noise(change: Change) -> str:
+    """'[+18.9%, +21.2%] p=0.002' — the interval and test a reader can weigh."""
+    if change.one_sample:
+        return "one sample"
+    if change.ci_low is None or change.ci_high is None:
+        return "—"
+    text = f"[{change.ci_low:+.1%}, {change.ci_high:+.1%}]"
+    if change.p_value is not None:
+        text += f" p={change.p_value:.2g}"
+    return text
+
+
+# -- sections ---------------------------------------------------------------------------
+def _diff_sections(diff: Diff, top: int) -> list[Section]:
+    unit = "per step" if diff.per_step else "whole trace"
+    head = Section(
+        f"traceq diff by {diff.by} — {basis_label(diff.basis.split('/')[0])}, {unit}",
+        lines=[f"base: {diff.base_source}", f"new:  {diff.new_source}", *diff.notes],
+    )
+    totals = Section("Totals", ["metric", "base", "new", "change", "95% interval, test", "verdict"])
+    for total in diff.totals:
+        c = total.change
+        verdict = "outside noise" if c.significant else "no change (inside noise)"
+        totals.rows.append(
+            [total.label, fmt_ns(c.base), fmt_ns(c.new), fmt_pct(c.rel), fmt_noise(c), verdict]
+        )
+    if diff.totals and diff.totals[0].change.one_sample:
+        totals.lines.append("one sample on a side: the decision rests on one measurement")
+    sections = [head, totals]
+    if diff.fusions:
+        fused = Section("Fused", ["became one", "from", "time before → after", "calls"])
+        for f in diff.fusions:
+            kind = "fused kernel" if f.dim == "kernel" else "fused op"
+            fused.rows.append(
+                [
+                    f"{f.fused} ({kind})",
+                    " + ".join(f.parts),
+                    f"{fmt_ns(f.base_ns)} → {fmt_ns(f.new_ns)}",
+                    f"{fmt_count(f.base_calls)} → {fmt_count(f.new_calls)}",
+                ]
+            )
+        sections.append(fused)
+    groups = Section(
+        f"By {diff.by} (top {top} by impact of {diff.groups.height})",
+        [diff.by, "status", "calls", "base", "new", "Δ time", "Δ %", "noise"],
+    )
+    for row in diff.groups.head(top).iter_rows(named=True):
+        noise = _row_noise(row)
+        groups.rows.append(
+            [
+                short_name(row["group"]),
+                _status(row),
+                f"{fmt_count(row['base_count'])} → {fmt_count(row['new_count'])}",
+                fmt_ns(row["base_ns"]),
+                fmt_ns(row["new_ns"]),
+                fmt_delta_ns(row["delta_ns"]),
+                fmt_pct(row["rel"]) if row["status"] != "appeared" else "new",
+                noise,
+            ]
+        )
+    sections.append(groups)
+    if diff.dispatch.height:
+        dispatch = Section(
+            f"Dispatch changes ({diff.dispatch.height}): same op and input shapes, other "
+            + ("kernels" if diff.basis == "gpu" else "child ops"),
+            ["op", "input shapes", "base → new", "what changed", "per call"],
+        )
+        for row in diff.dispatch.head(top).iter_rows(named=True):
+            dispatch.rows.append(
+                [
+                    row["op"],
+                    (row["shapes"] or "—")
+                    + (f" (call {row['call'] + 1} in a step)" if row["call"] is not None else ""),
+                    f"{_impl(row['base_impl'])} → {_impl(row['new_impl'])}",
+                    row["change"]
+                    + (
+                        f"; inputs {row['base_types']} → {row['new_types']}"
+                        if row["base_types"] != row["new_types"]
+                        else ""
+                    ),
+                    f"{fmt_ns(row['base_ns_per_call'])} → {fmt_ns(row['new_ns_per_call'])}",
+                ]
+            )
+        sections.append(dispatch)
+    if diff.findings is not None:
+        found = diff.findings
+        sections.append(_findings_section(found["appeared"], found["disappeared"], top))
+    return sections
+
+
+def _status(row: dict[str, Any]) -> str:
+    """appeared / gone / slower / faster, or '~ same' when the change is inside the noise."""
+    status = row["status"]
+    if status in ("appeared", "same"):
+        return status
+    if status == "disappeared":
+        return "gone"
+    if row["significant"] is False:
+        return "~ same"
+    return "slower" if row["delta_ns"] > 0 else "faster"
+
+
+def _row_noise(row: dict[str, Any]) -> str:
+    if row["status"] in ("appeared", "disappeared") or row["ci_low"] is None:
+        return "—" if row["p_value"] is None else f"p={row['p_value']:.2g}"
+    return f"[{row['ci_low']:+.1%}, {row['ci_high']:+.1%}]"
+
+
+def _impl(names: list[str]) -> str:
+    short = [short_name(n, 48) for n in names if n]
+    return " + ".join(short) if len(short) <= 3 else f"{' + '.join(short[:3])} + {len(short) - 3}"
+
+
+def short_name(name: str, limit: int = 56) -> str:
+    """A kernel name a reader can scan: no `void`, no parameter list, at most `limit` chars
+    (the full names are in the JSON output)."""
+    name = name.split(IMPL_SEP)[0].removeprefix("void ")
+    if name.endswith(")") and "(" in name and " (" not in name:
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):  # strip the trailing, balanced "(...)"
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i].rstrip() or name
+                break
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _findings_section(
+    appeared: list[dict[str, Any]], gone: list[dict[str, Any]], top: int = TOP
+) -> Section:
+    """New and gone findings, largest estimated saving first, `top` of each."""
+    section = Section("Findings", ["", "rule", "where", "count", "message"])
+    for mark, items in (("+ new", appeared), ("- gone", gone)):
+        ranked = sorted(items, key=lambda f: -(f.get("est_saving_us") or 0.0))
+        for item in ranked[:top]:
+            section.rows.append(
+                [
+                    mark,
+                    f"{item.get('rule')} {item.get('name')}",
+                    item.get("module") or "—",
+                    str(item.get("count")),
+                    str(item.get("message") or ""),
+                ]
+            )
+        if len(ranked) > top:
+            section.lines.append(f"{mark}: {len(ranked) - top} more not shown (see --format json)")
+    if not section.rows:
+        section.lines.append("no finding appeared or disappeared")
+    return section
+
+
+def _check_sections(result: CheckResult) -> list[Section]:
+    regressed = result.regressions
+    if result.failed:
+        shown = [_metric_label(m) for m in regressed[:6]]
+        more = f" and {len(regressed) - 6} more" if len(regressed) > 6 else ""
+        names = ", ".join(shown) + more
+        status = f"FAIL: {len(regressed)} regressed beyond {result.max_regress:.1%}" + (
+            f" ({names})" if names else ""
+        )
+        if result.fail_on_new_findings and result.new_findings:
+            status += f"; {len(result.new_findings)} new finding(s)"
+    else:
+        status = f"PASS: nothing regressed beyond {result.max_regress:.1%}"
+    unit = "per-step samples" if result.per_step else "whole traces (no per-step samples)"
+    head = Section(
+        f"traceq check — {status}",
+        lines=[
+            f"baseline: {result.base_source}",
+            f"trace:    {result.new_source}",
+            f"compared: {unit}",
+            *result.notes,
+        ],
+    )
+    table = Section("Metrics", ["metric", "base", "new", "change", "95% interval, test", "verdict"])
+    order = {"regressed": 0, "improved": 2, "within limit": 3, "no change": 4}
+    for metric in sorted(result.metrics, key=lambda m: order.get(m.verdict, 1)):
+        table.rows.append(_metric_row(metric))
+    decided = {m.change.basis for m in result.metrics}
+    table.lines.extend(f"decided on {d}" for d in sorted(decided))
+    sections = [head, table]
+    if result.new_findings or result.resolved_findings:
+        sections.append(_findings_section(result.new_findings, result.resolved_findings))
+    return sections
+
+
+def _metric_row(metric: Metric) -> list[str]:
+    c = metric.change
+    mark = {"regressed": "✗ regressed", "improved": "✓ improved"}.get(
+        metric.verdict, metric.verdict
+    )
+    return [
+        _metric_label(metric),
+        fmt_ns(c.base),
+        fmt_ns(c.new),
+        fmt_pct(c.rel),
+        fmt_noise(c),
+        mark,
+    ]
+
+
+def _metric_label(metric: Metric) -> str:
+    """Kernel metrics by their short name (the full one is in the JSON)."""
+    if metric.spec.startswith("kernel:") and len(metric.groups) == 1:
+        return f"kernel {short_name(metric.groups[0])}"
+    return metric.label
+
+
+# -- output -----------------------------------------------------------------------------
+def _render(sections: list[Section], fmt: str, width: int | None) -> str:
+    if fmt == "markdown":
+        return _markdown(sections)
+    if fmt != "text":
+        raise ValueError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    return _text(sections, width)
+
+
+def _text(sections: list[Section], width: int | None) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    buffer = io.StringIO()
+    width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
+    console = Console(file=buffer, width=width, force_terminal=False, no_color=True)
+    for i, section in enumerate(sections):
+        console.print(section.title, style="bold", markup=False, highlight=False)
+        for line in section.lines:
+            console.print(f"  {line}", markup=False, highlight=False)
+        if section.header:
+            table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+            for column in section.header:
+                table.add_column(column, overflow="fold")
+            for row in section.rows:
+                table.add_row(*row)
+            console.print(table)
+        if i < len(sections) - 1:
+            console.print()
+    return buffer.getvalue().rstrip() + "\n"
+
+
+def _markdown(sections: list[Section]) -> str:
+    out: list[str] = []
+    for i, section in enumerate(sections):
+        out.append(f"{'###' if i else '##'} {_md(section.title)}")
+        out.append("")
+        for line in section.lines:
+            out.append(f"- {_md(line)}")
+        if section.lines:
+            out.append("")
+        if section.header and section.rows:
+            out.append("| " + " | ".join(_md(h) for h in section.header) + " |")
+            out.append("|" + "---|" * len(section.header))
+            for row in section.rows:
+                out.append("| " + " | ".join(_md(cell) for cell in row) + " |")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(_finite(data), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become null: strict JSON that every consumer can read."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,211 @@
+"""What every output renders: findings grouped by identity, totals, and the trace they
+came from. Renderers (`text`, `json`, `markdown`, `sarif`) only format a `Report`.
+
+A group gathers the occurrences of one finding key (rule + normalized module + op names +
+shapes): the same split GEMM→GELU in 24 layers and 3 steps is one group of 72. A group can
+carry a `fix_check` (a dict, attached later, e.g. by the zoo proving a fused kernel on this
+group's shapes); every renderer shows it when present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from traceq import __version__
+from traceq.rules.finding import SEVERITIES, Finding, normalize_module
+
+if TYPE_CHECKING:
+    from traceq.rules.base import Rule
+    from traceq.rules.engine import Analysis
+    from traceq.trace import Trace
+
+
+@dataclass
+class FindingGroup:
+    """All occurrences of one finding key, and what they cost together."""
+
+    key: str
+    findings: list[Finding]
+    fix_check: dict[str, Any] | None = None
+
+    @property
+    def first(self) -> Finding:
+        """The occurrence with the largest saving: its message speaks for the group."""
+        return max(self.findings, key=lambda f: (f.est_saving_us, f.time_us))
+
+    @property
+    def rule(self) -> str:
+        return self.first.rule
+
+    @property
+    def name(self) -> str:
+        return self.first.name
+
+    @property
+    def severity(self) -> str:
+        return max((f.severity for f in self.findings), key=SEVERITIES.index)
+
+    @property
+    def count(self) -> int:
+        return len(self.findings)
+
+    @property
+    def time_us(self) -> float:
+        return sum(f.time_us for f in self.findings)
+
+    @property
+    def est_saving_us(self) -> float:
+        return sum(f.est_saving_us for f in self.findings)
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({f.step for f in self.findings if f.step is not None})
+
+    @property
+    def module(self) -> str | None:
+        """The module all occurrences share, or the pattern they share (`layer.*.mlp`)."""
+        modules = {f.module for f in self.findings}
+        if len(modules) == 1:
+            return next(iter(modules))
+        patterns = {normalize_module(m) for m in modules if m is not None}
+        return next(iter(patterns)) if len(patterns) == 1 else None
+
+    @property
+    def where(self) -> str:
+        """ "×24 in `encoder.layer.*.mlp`" (or just "×24", or "" for one occurrence)."""
+        count = f"×{self.count}" if self.count > 1 else ""
+        module = f"in `{self.module}`" if self.module else ""
+        return " ".join(p for p in (count, module) if p)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.first
+        return {
+            "key": self.key,
+            "rule": self.rule,
+            "name": self.name,
+            "severity": self.severity,
+            "count": self.count,
+            "module": self.module,
+            "steps": self.steps,
+            "message": first.message,
+            "time_us": self.time_us,
+            "est_saving_us": self.est_saving_us,
+            "saving_model": first.saving_model,
+            "fix": first.fix,
+            "zoo": first.zoo,
+            "shapes": first.shapes,
+            "dtype": first.dtype,
+            "fix_check": self.fix_check,
+        }
+
+
+@dataclass
+class Report:
+    """One analysis, ready to render."""
+
+    source: str
+    trace: dict[str, Any]
+    device: dict[str, Any]
+    findings: list[Finding]
+    groups: list[FindingGroup]
+    rules: list[Rule]
+    problems: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    version: str = __version__
+
+    def group(self, key: str) -> FindingGroup | None:
+        return next((g for g in self.groups if g.key == key), None)
+
+    def attach_fix_check(self, key: str, result: dict[str, Any]) -> None:
+        """Record a fix check (e.g. a zoo benchmark on this group's shapes) for a group."""
+        group = self.group(key)
+        if group is None:
+            raise KeyError(f"no finding group {key!r}")
+        group.fix_check = result
+
+    def summary(self) -> dict[str, Any]:
+        by_rule: dict[str, dict[str, Any]] = {}
+        for f in self.findings:
+            entry = by_rule.setdefault(
+                f.rule,
+                {"name": f.name, "count": 0, "time_us": 0.0, "est_saving_us": 0.0},
+            )
+            entry["count"] += 1
+            entry["time_us"] += f.time_us
+            entry["est_saving_us"] += f.est_saving_us
+        by_severity = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES}
+        return {
+            "findings": len(self.findings),
+            "groups": len(self.groups),
+            "est_saving_us": sum(f.est_saving_us for f in self.findings),
+            "by_rule": dict(sorted(by_rule.items())),
+            "by_severity": by_severity,
+            "rules_run": [r.code for r in self.rules],
+            "trace": self.trace,
+            "device": self.device,
+            "problems": self.problems,
+            "timings_s": self.timings_s,
+            "traceq_version": self.version,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document: every occurrence, the groups, and the summary."""
+        index = {id(f): g.key for g in self.groups for f in g.findings}
+        findings = [{**f.to_dict(), "key": index[id(f)]} for f in self.findings]
+        return {
+            "findings": findings,
+            "groups": [g.to_dict() for g in self.groups],
+            "summary": self.summary(),
+        }
+
+
+def group_findings(findings: list[Finding]) -> list[FindingGroup]:
+    """Occurrences grouped by `Finding.key()`, largest total saving first."""
+    groups: dict[str, list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(f.key(), []).append(f)
+    ordered = [FindingGroup(key, items) for key, items in groups.items()]
+    ordered.sort(key=lambda g: (-g.est_saving_us, -g.time_us, g.rule, g.key))
+    return ordered
+
+
+def build_report(analysis: Analysis, trace: Trace) -> Report:
+    """A `Report` of one analysis of `trace`."""
+    steps = trace.steps["step"].to_list() if trace.steps.height else []
+    info = {
+        "path": trace.source,
+        "schema": trace.schema,
+        "events": trace.events.height,
+        "duration_us": trace.duration_ns / 1000,
+        "ops": trace.ops.height,
+        "kernels": trace.kernels.height,
+        "steps": steps,
+        "rank": trace.rank,
+    }
+    return Report(
+        source=trace.source,
+        trace=info,
+        device=analysis.device.to_dict(),
+        findings=analysis.findings,
+        groups=group_findings(analysis.findings),
+        rules=analysis.rules,
+        problems=[str(p) for p in analysis.problems],
+        timings_s={k: round(v, 4) for k, v in analysis.timings_s.items()},
+    )
+
+
+def format_us(us: float) -> str:
+    """A duration for people: 850 µs, 12.3 ms, 4.56 s."""
+    if us >= 1e6:
+        return f"{us / 1e6:,.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:,.1f} ms"
+    return f"{us:,.1f} µs"
+
+
+def format_fix_check(check: dict[str, Any]) -> str:
+    """One line for a fix check: its `summary` when given, else its fields."""
+    if "summary" in check:
+        return str(check["summary"])
+    return ", ".join(f"{k}={v}" for k, v in check.items())

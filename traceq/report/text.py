@@ -1,0 +1,159 @@
+"""Terminal report (rich): groups by impact, largest estimated saving first.
+
+Each group is one block: severity and code, the message of its largest occurrence, where
+it repeats ("×24 in `encoder.layer.*.mlp`"), the saving and how it was estimated, the fix,
+and the evidence a reader checks it against (decoded kernel names, op names).
+"""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from traceq.report.model import FindingGroup, Report, format_fix_check, format_us
+
+STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def render(
+    report: Report,
+    *,
+    width: int = 100,
+    color: bool = False,
+    max_groups: int | None = 30,
+) -> str:
+    """The report as text (ANSI colors when `color`)."""
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=width,
+        force_terminal=color,
+        no_color=not color,
+        highlight=False,
+        soft_wrap=not color,  # files and pipes get whole lines; terminals wrap to width
+    )
+    print_report(report, console, max_groups=max_groups)
+    return buffer.getvalue()
+
+
+def print_report(report: Report, console: Console, *, max_groups: int | None = 30) -> None:
+    summary = report.summary()
+    trace = report.trace
+    device = report.device
+    console.print(Text(f"traceq analyze {report.source}", style="bold"))
+    console.print(
+        f"{trace['schema']} trace, {trace['events']:,} events, {trace['kernels']:,} GPU "
+        f"activities, {_plural(len(trace['steps']), 'step')}; device model: {device['name']} "
+        f"({_bandwidth(device)}, launch {device['launch_overhead_us']:.1f} µs)"
+    )
+    if not report.groups:
+        console.print(Text("No findings.", style="green"))
+        _problems(report, console)
+        return
+    console.print(
+        f"{summary['findings']} findings in {summary['groups']} groups; estimated saving "
+        f"{format_us(summary['est_saving_us'])} in all (groups overlap: savings do not add "
+        "up exactly)"
+    )
+    shown = report.groups if max_groups is None else report.groups[:max_groups]
+    for number, group in enumerate(shown, 1):
+        console.print()
+        _group(number, group, console)
+    hidden = len(report.groups) - len(shown)
+    if hidden > 0:
+        console.print(f"\n… {hidden} more groups (use --format json for all)")
+    console.print()
+    console.print(_by_rule(report))
+    _problems(report, console)
+
+
+def _group(number: int, group: FindingGroup, console: Console) -> None:
+    first = group.first
+    head = Text()
+    head.append(f"{number}. ")
+    head.append(f"{group.rule} {group.name}", style=STYLE.get(group.severity, ""))
+    head.append(f"  [{group.severity}]  ")
+    head.append(f"saves ~{format_us(group.est_saving_us)}", style="bold")
+    head.append(f" of {format_us(group.time_us)}")
+    if group.where:
+        head.append(f"  {group.where}")
+    console.print(head)
+    console.print(f"   {first.message}")
+    if group.steps:
+        console.print(f"   steps: {_steps(group.steps)}")
+    if first.shapes:
+        shapes = " ".join("[" + "x".join(map(str, s)) + "]" for s in first.shapes[:4])
+        console.print(f"   shapes: {shapes}{'  dtype ' + first.dtype if first.dtype else ''}")
+    elif first.dtype:
+        console.print(f"   dtype: {first.dtype}")
+    console.print(f"   model: {first.saving_model}")
+    for line in _evidence(first.evidence):
+        console.print(f"   {line}")
+    console.print(Text(f"   fix: {first.fix}", style="green"))
+    if first.zoo:
+        console.print(f"   zoo: {', '.join(first.zoo)}")
+    if group.fix_check:
+        console.print(Text(f"   fix check: {format_fix_check(group.fix_check)}", style="bold"))
+
+
+def _evidence(evidence: dict) -> list[str]:
+    lines = []
+    names = list(dict.fromkeys(evidence.get("op_names") or []))
+    top = evidence.get("top_ops")
+    if isinstance(top, list) and top:
+        lines.append("top ops: " + ", ".join(f"{t['name']} ({t['kernels']} kernels)" for t in top))
+    if names:
+        more = f" (+{len(names) - 6})" if len(names) > 6 else ""
+        lines.append("ops: " + ", ".join(names[:6]) + more)
+    decoded = evidence.get("decoded")
+    if isinstance(decoded, dict) and decoded:
+        lines.append("kernel: " + ", ".join(f"{k} {v}" for k, v in decoded.items()))
+    elif isinstance(decoded, list):
+        for item in decoded[:3]:
+            lines.append(f"kernel: {item}")
+    kernels = list(dict.fromkeys(evidence.get("kernel_names") or []))
+    if kernels and not decoded:
+        short = [k if len(k) <= 70 else k[:67] + "..." for k in kernels[:3]]
+        lines.append("kernels: " + "; ".join(short))
+    return lines
+
+
+def _by_rule(report: Report) -> Table:
+    table = Table(title="by rule", title_justify="left", show_edge=False)
+    table.add_column("rule")
+    table.add_column("name")
+    table.add_column("findings", justify="right")
+    table.add_column("time", justify="right")
+    table.add_column("est. saving", justify="right")
+    for code, entry in report.summary()["by_rule"].items():
+        table.add_row(
+            code,
+            entry["name"],
+            str(entry["count"]),
+            format_us(entry["time_us"]),
+            format_us(entry["est_saving_us"]),
+        )
+    return table
+
+
+def _problems(report: Report, console: Console) -> None:
+    for problem in report.problems:
+        console.print(Text(f"warning: {problem}", style="yellow"))
+
+
+def _steps(steps: list[int]) -> str:
+    if len(steps) > 6:
+        return f"{steps[0]}…{steps[-1]} ({len(steps)})"
+    return ", ".join(map(str, steps))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _bandwidth(device: dict) -> str:
+    bw = device["memory_bandwidth_gbs"]
+    return f"{bw / 1000:.2f} TB/s" if bw >= 1000 else f"{bw:.0f} GB/s"

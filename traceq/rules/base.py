@@ -1,0 +1,141 @@
+"""What a rule is: a code, a name, a severity, a documented check over a `Context`.
+
+A rule is written as one function whose docstring is its documentation, in ruff's shape
+(What it does / Why is this bad? / Example / Use instead / References), wrapped by
+`@rule(...)`. The function receives a `Context` and yields `Finding`s; it never reads
+configuration or the device itself, so the same check runs from the CLI, the Python API
+and tests with whatever thresholds and device model the caller chose.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from traceq.rules.finding import SEVERITIES, Finding
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from traceq.rules.device import DeviceModel
+    from traceq.trace import Trace
+
+CODE = re.compile(r"^[A-Z]+[0-9]+$")
+NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+Check = Callable[["Context"], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One addressable check. `defaults` are its thresholds, overridable by configuration."""
+
+    code: str
+    name: str
+    severity: str
+    check: Check = field(repr=False)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    zoo: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not CODE.match(self.code):
+            raise ValueError(f"rule code {self.code!r} must look like 'TQ102'")
+        if not NAME.match(self.name):
+            raise ValueError(f"rule name {self.name!r} must be kebab-case")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"rule severity must be one of {SEVERITIES}, not {self.severity!r}")
+        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+
+    @property
+    def doc(self) -> str:
+        """The check's docstring, dedented: the rule's documentation."""
+        return inspect.cleandoc(self.check.__doc__ or "")
+
+    @property
+    def summary(self) -> str:
+        """First sentence of "What it does" (or of the doc), for catalogue listings."""
+        text = self.doc
+        match = re.search(r"What it does\s*\n+(.+?)(?:\n\n|$)", text, re.S)
+        body = (match.group(1) if match else text).strip()
+        first = re.split(r"(?<=\.)\s", " ".join(body.split()), maxsplit=1)[0]
+        return first
+
+    @property
+    def module(self) -> str:
+        return getattr(self.check, "__module__", "")
+
+    def __call__(self, ctx: Context) -> Iterable[Finding]:
+        return self.check(ctx)
+
+
+def rule(
+    code: str,
+    name: str,
+    severity: str,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    zoo: Iterable[str] = (),
+) -> Callable[[Check], Rule]:
+    """Make a `Rule` of a check function: `@rule("TQ201", "launch-bound", "warning", ...)`."""
+
+    def wrap(check: Check) -> Rule:
+        return Rule(code, name, severity, check, dict(defaults or {}), tuple(zoo))
+
+    return wrap
+
+
+class Context:
+    """What a check sees: the trace, its own thresholds, the device model, and shared,
+    lazily computed relations (data-flow ops and edges) that every rule may reuse."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        rule: Rule,
+        options: Mapping[str, Any],
+        device: DeviceModel,
+        cache: dict[str, Any] | None = None,
+    ) -> None:
+        self.trace = trace
+        self.rule = rule
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options))
+        self.device = device
+        self._cache = cache if cache is not None else {}
+
+    def cached(self, key: str, compute: Callable[[], Any]) -> Any:
+        """A value computed once per analysis and shared by every rule (e.g. decoded kernels)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    @property
+    def ops(self) -> pl.DataFrame:
+        """Semantic ops (`traceq.dataflow.dataflow_ops`): top-level aten ops + fused kernels."""
+        from traceq.dataflow import dataflow_ops
+
+        return self.cached("dataflow_ops", lambda: dataflow_ops(self.trace))
+
+    @property
+    def edges(self) -> pl.DataFrame:
+        """Producer → consumer tensor edges between semantic ops (`traceq.dataflow.dataflow`)."""
+        from traceq.dataflow import dataflow
+
+        return self.cached("dataflow_edges", lambda: dataflow(self.trace))
+
+    @property
+    def kernel_names(self) -> pl.DataFrame:
+        """`trace.kernels` with each name decoded (`traceq.kernel_names.decode_frame`:
+        library, category, arch, dtype, tensor_core, tile, layout, epilogue, fused_ops, op)."""
+        from traceq.kernel_names import decode_frame
+
+        return self.cached("kernel_names", lambda: decode_frame(self.trace.kernels))
+
+    def finding(self, **fields: Any) -> Finding:
+        """A `Finding` of this rule: code, name, severity and zoo patterns filled in."""
+        fields.setdefault("severity", self.rule.severity)
+        fields.setdefault("zoo", list(self.rule.zoo))
+        return Finding(rule=self.rule.code, name=self.rule.name, **fields)

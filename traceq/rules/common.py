@@ -1,0 +1,84 @@
+"""Small relations several overhead rules share: the operator a call ran under, a region's
+module. Kept apart so each rule module stays about its own pattern."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+if TYPE_CHECKING:
+    from traceq.trace import Trace
+
+
+def outermost_operator(
+    rows: pl.DataFrame, ops: pl.DataFrame, op_col: str = "op_event"
+) -> pl.DataFrame:
+    """`rows` plus `op_name` (the innermost op, from `op_col`) and `top_event`, `top_name`,
+    `top_module`: the outermost enclosing *operator* — a `ns::name` op such as `aten::to`,
+    not a `ProfilerStep#N` or `record_function` range above it. That is the op a user wrote.
+
+    Walks up the op tree one level per join (depth is small), only for the given rows.
+    """
+    info = ops.select("event", "name", "parent", "module")
+    chain = []
+    current = rows.select(pl.col("event").alias("_row"), pl.col(op_col).alias("_op")).filter(
+        pl.col("_op").is_not_null()
+    )
+    level = 0
+    while current.height:
+        current = current.join(info.rename({"event": "_op"}), on="_op", how="inner")
+        chain.append(current.select("_row", "_op", "name", "module", pl.lit(level).alias("_level")))
+        current = current.select("_row", pl.col("parent").alias("_op")).filter(
+            pl.col("_op").is_not_null()
+        )
+        level += 1
+    inner = info.select(pl.col("event").alias(op_col), pl.col("name").alias("op_name"))
+    rows = rows.join(inner, on=op_col, how="left", maintain_order="left")
+    schema = {"top_event": pl.Int64, "top_name": pl.String, "top_module": pl.String}
+    if chain:
+        operators = (
+            pl.concat(chain)
+            .filter(pl.col("name").str.contains("::"))
+            .sort("_level")
+            .group_by("_row")
+            .agg(
+                pl.col("_op").last().cast(pl.Int64).alias("top_event"),
+                pl.col("name").last().alias("top_name"),
+                pl.col("module").last().alias("top_module"),
+            )
+        )
+    else:
+        operators = pl.DataFrame(schema={"_row": rows["event"].dtype, **schema})
+    return rows.join(
+        operators.rename({"_row": "event"}).cast({"event": rows["event"].dtype}),
+        on="event",
+        how="left",
+        maintain_order="left",
+    )
+
+
+def common_module(modules: list[str]) -> str | None:
+    """Longest dotted prefix shared by `modules` (None when they share nothing)."""
+    if not modules:
+        return None
+    parts = modules[0].split(".")
+    for module in modules[1:]:
+        other = module.split(".")
+        n = 0
+        while n < min(len(parts), len(other)) and parts[n] == other[n]:
+            n += 1
+        parts = parts[:n]
+        if not parts:
+            return None
+    return ".".join(parts)
+
+
+def step_windows(trace: Trace) -> pl.DataFrame:
+    """`step`, `window_ns`: each profiler step's CPU window; a trace without steps is one
+    window (step null) from its first op to its last."""
+    if trace.steps.height:
+        return trace.steps.select("step", pl.col("dur_ns").alias("window_ns"))
+    ops = trace.ops
+    span = ops.select((pl.col("end_ns").max() - pl.col("ts_ns").min()).alias("window_ns"))
+    return span.select(pl.lit(None, pl.Int64).alias("step"), "window_ns")

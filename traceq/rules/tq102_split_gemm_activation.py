@@ -1,0 +1,205 @@
+"""TQ102 split-gemm-activation: an activation run as its own op on a GEMM's output.
+
+GEMMs are recognised by op (`linear`, `addmm`, `mm`, `matmul`, `bmm`, `baddbmm`), never
+by kernel name: cuBLAS picks kernels named `..._gemm_relu_...` for plain Linear layers
+with no activation at all. The activation is an op (`gelu`, `relu`, `silu`, `tanh`,
+`sigmoid`; `clamp(min=0)` / `threshold(0, 0)` as ReLU — on CUDA `relu` itself runs as
+`launch_clamp_scalar`) or pointwise ops that spell one out (GPT-2's `gelu_new`,
+`x * sigmoid(x)`), reading the GEMM's output directly, through views, or through a split
+bias add (TQ101). A GLU's gate activation is TQ103's finding, not this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import polars as pl
+
+from traceq.rules.base import Context, rule
+from traceq.rules.finding import Finding
+from traceq.rules.opclass import (
+    details,
+    fusion_edges,
+    fusion_ops,
+    located,
+    mib,
+    scaled_saving_us,
+    shape_text,
+)
+from traceq.rules.tq101_split_matmul_bias import split_bias_adds
+from traceq.rules.tq103_unfused_glu import gemm_activations, glu_ops
+
+
+def split_activations(
+    ops: pl.DataFrame,
+    edges: pl.DataFrame,
+    glus: pl.DataFrame,
+    min_confidence: float = 0.0,
+    include_compiled: bool = False,
+) -> pl.DataFrame:
+    """One row per GEMM whose output an activation reads as its own op: `gemm`, `act_ops`,
+    `act_output`, `activation`, `written_out`, `bias_add` (the TQ101 add in between, or
+    null), `consumer_gemm` (a GEMM reading the activation: the Linear→act→Linear MLP).
+
+    Leaves out GLU gates (`glus`, TQ103's) and, unless `include_compiled`, activations a
+    compiler already emitted as their own kernel next to an extern GEMM.
+    """
+    trusted = edges.filter(pl.col("confidence") >= min_confidence)
+    bias_adds = split_bias_adds(ops, trusted)
+    # an activation of `GEMM -> add(bias)` is an activation of the GEMM
+    through_bias = edges.join(
+        bias_adds.select(pl.col("add").alias("producer"), pl.col("gemm").alias("_gemm")),
+        on="producer",
+    ).with_columns(pl.col("producer").alias("bias_add"), pl.col("_gemm").alias("producer"))
+    direct = edges.with_columns(pl.lit(None, dtype=pl.Int64).alias("bias_add"))
+    widened = pl.concat([direct, through_bias.drop("_gemm")], how="diagonal_relaxed")
+    acts = gemm_activations(ops, widened, min_confidence)
+    via_bias = widened.select(
+        pl.col("producer").alias("gemm"), pl.col("consumer").alias("act_output"), "bias_add"
+    ).drop_nulls("bias_add")
+    acts = acts.join(via_bias, on=["gemm", "act_output"], how="left")
+    if not include_compiled:
+        acts = acts.filter(~pl.col("generated"))
+    gemms = ops.filter(pl.col("role") == "gemm").select(pl.col("event").alias("consumer"))
+    next_gemm = (
+        trusted.join(gemms, on="consumer")
+        .group_by("producer")
+        .agg(pl.col("consumer").min().alias("consumer_gemm"))
+    )
+    return (
+        acts.join(glus.select(pl.col("act_output")), on="act_output", how="anti")
+        .join(next_gemm, left_on="act_output", right_on="producer", how="left")
+        .select(
+            "gemm",
+            "act_ops",
+            "act_output",
+            "activation",
+            "written_out",
+            "bias_add",
+            "consumer_gemm",
+            "confidence",
+        )
+        .sort("gemm", "act_output")
+    )
+
+
+DEFAULTS = {"include_compiled": False, "min_confidence": 0.4, "min_saving_us": 0.0}
+
+
+@rule(
+    "TQ102",
+    "split-gemm-activation",
+    "warning",
+    defaults=DEFAULTS,
+    zoo=("gemm_bias_act", "mlp"),
+)
+def check(ctx: Context) -> Iterator[Finding]:
+    """## What it does
+    Finds an activation run as its own op on a GEMM's output. The GEMM is `nn.Linear`,
+    `addmm`, `mm`, `matmul` or `bmm`; the activation GELU (erf or tanh), ReLU (`relu`,
+    `clamp(min=0)`; on CUDA it runs as `launch_clamp_scalar`), SiLU, tanh, sigmoid, or one
+    written out as pointwise ops (GPT-2's `gelu_new`, `x * torch.sigmoid(x)`). GEMMs are classified
+    by op, not kernel name: cuBLAS runs plain Linear layers with kernels named
+    `..._gemm_relu_...`. The gate activation of a GLU is TQ103's.
+
+    ## Why is this bad?
+    The GEMM writes its M×N output, and the activation kernel reads it back and writes M×N
+    again: two passes over memory and a launch for a function the GEMM could apply to each
+    tile in its epilogue, while the values are still in registers (cuBLASLt's `RELU` /
+    `GELU` epilogues, `torch._addmm_activation`, Triton GEMMs in `torch.compile`'s
+    max-autotune mode). A written-out activation costs a kernel per pointwise op.
+
+    Estimated saving: the measured time of the activation op(s) (GPU kernel time on a GPU
+    trace, CPU op time on a CPU-only one): folded into the epilogue they move no extra data.
+
+    ## Example
+    ```python
+    h = F.gelu(self.fc1(x))
+    h = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    ```
+
+    ## Use instead
+    ```python
+    h = torch._addmm_activation(self.fc1.bias, x2d, self.fc1.weight.t(), use_gelu=True)
+    h = torch.compile(mlp, mode="max-autotune")(x)  # Triton GEMM with the epilogue fused
+    ```
+    or the zoo's `gemm_bias_act` (one kernel for x @ W.T + b, then the activation); for a
+    written-out GELU at least `F.gelu(x, approximate="tanh")`, one kernel instead of many.
+
+    ## Options
+    - `include_compiled` (false): also report activations that a compiler (Inductor)
+      already emitted as their own kernel after an extern GEMM — the remedy there is
+      max-autotune's epilogue fusion, not a code change.
+    - `min_confidence` (0.4): weakest data-flow edge accepted (0.4 = program order only).
+    - `min_saving_us` (0): leave out findings that save less.
+
+    ## References
+    - Hugging Face, "Profiling in PyTorch (Part 2): From nn.Linear to a Fused MLP"
+    - NVIDIA cuBLASLt epilogues: https://docs.nvidia.com/cuda/cublas/#cublasltepilogue-t
+    - PyTorch, `torch.compile` modes: https://pytorch.org/docs/stable/generated/torch.compile.html
+    """
+    ops = fusion_ops(ctx)
+    found = split_activations(
+        ops,
+        fusion_edges(ctx),
+        glu_ops(ctx),
+        min_confidence=ctx.options["min_confidence"],
+        include_compiled=ctx.options["include_compiled"],
+    )
+    events = found.select(pl.concat_list("gemm", "act_ops").alias("e"))["e"].explode()
+    rows = details(ops, events.drop_nulls().to_list())
+    for split in found.iter_rows(named=True):
+        gemm = rows[split["gemm"]]
+        act = [rows[e] for e in split["act_ops"]]
+        removed_us = sum(r["time_ns"] for r in act) / 1000
+        traffic = sum(r["traffic_bytes"] for r in act)
+        saving = scaled_saving_us(removed_us, traffic, 0.0)
+        if saving < ctx.options["min_saving_us"]:
+            continue
+        where = located(ctx, [gemm, *act])
+        if split["written_out"]:
+            act_text = f"{split['activation']} written out as {len(act)} pointwise ops"
+        else:
+            act_text = f"`{act[0]['name']}` ({split['activation']})"
+        out = act[-1]["output_shape"] or gemm["output_shape"]
+        where["evidence"].update(
+            {
+                "activation": split["activation"],
+                "written_out": split["written_out"],
+                "bias_add": split["bias_add"],
+                "next_gemm": split["consumer_gemm"],
+                "removed_us": round(removed_us, 3),
+                "activation_traffic": mib(traffic),
+                "round_trip_floor_us": round(ctx.device.transfer_us(traffic), 3),
+                "dataflow_confidence": split["confidence"],
+            }
+        )
+        zoo = ["gemm_bias_act"] + (["mlp"] if split["consumer_gemm"] is not None else [])
+        fix = (
+            "Apply the activation in the GEMM epilogue: `torch._addmm_activation(b, x, w.t(), "
+            "use_gelu=...)` (cuBLASLt; ReLU/GELU), `torch.compile(mode='max-autotune')`, or "
+            "the zoo's `gemm_bias_act`"
+        )
+        if split["written_out"]:
+            fix = f"Replace the written-out {split['activation']} with one op (`F.gelu(x, " + (
+                "approximate='tanh')` / `F.silu`), then: " + fix[0].lower() + fix[1:]
+            )
+        yield ctx.finding(
+            message=(
+                f"`{gemm['name']}` → {act_text} on {shape_text(out)}: the activation "
+                f"re-reads the GEMM output instead of running in its epilogue"
+            ),
+            shapes=[s for s in (gemm["shapes"] or []) if s],
+            est_saving_us=saving,
+            saving_model=(
+                f"measured time of the activation ({removed_us:.2f} µs): in the epilogue it "
+                f"moves no data of its own (it moved {mib(traffic)}; at "
+                f"{ctx.device.bandwidth_text} ≥ {ctx.device.transfer_us(traffic):.2f} µs)"
+            ),
+            fix=fix + ".",
+            zoo=zoo,
+            **where,
+        )
+
+
+RULE = check

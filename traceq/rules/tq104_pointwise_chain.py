@@ -1,0 +1,289 @@
+"""TQ104 pointwise-chain: three or more elementwise ops in one data-flow chain over
+same-shaped tensors, each its own op/kernel.
+
+A chain is a connected group of elementwise ops (arithmetic, activations, and casts that
+launch a kernel) linked by data-flow edges whose producer and consumer have the same
+output shape; broadcast operands (a bias, a scale) may join from outside, but a link whose
+consumer also waits on a later op from outside the chain is cut (`one_kernel_links`): a
+residual stream runs through every layer, yet no one kernel can span a layer. Ops that another
+fusion rule reports are left to it, so no time is counted twice: the bias `add` of TQ101,
+the activation of TQ102 (written-out GELUs included) and the activation and multiply of a
+GLU (TQ103). What remains of a chain after that must still have `min_ops` ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import polars as pl
+
+from traceq.rules.base import Context, rule
+from traceq.rules.finding import Finding
+from traceq.rules.opclass import (
+    details,
+    fusion_edges,
+    fusion_ops,
+    input_bytes,
+    located,
+    mib,
+    numel,
+    scaled_saving_us,
+    shape_text,
+)
+from traceq.rules.tq101_split_matmul_bias import split_bias_adds
+from traceq.rules.tq102_split_gemm_activation import split_activations
+from traceq.rules.tq103_unfused_glu import glu_ops
+
+
+def components(nodes: pl.Series, links: pl.DataFrame) -> pl.DataFrame:
+    """Connected components of an undirected graph: `event`, `chain` (smallest member).
+
+    Label propagation with joins: each node takes the smallest label among its neighbours
+    until none changes; rounds are bounded by the longest chain, not the number of ops.
+    """
+    labels = pl.DataFrame({"event": nodes.unique()}).with_columns(pl.col("event").alias("chain"))
+    both = pl.concat(
+        [
+            links.select(pl.col("producer").alias("a"), pl.col("consumer").alias("b")),
+            links.select(pl.col("consumer").alias("a"), pl.col("producer").alias("b")),
+        ]
+    )
+    while True:
+        nearest = (
+            both.join(labels, left_on="a", right_on="event")
+            .group_by("b")
+            .agg(pl.col("chain").min().alias("_near"))
+        )
+        updated = labels.join(nearest, left_on="event", right_on="b", how="left").select(
+            "event", pl.min_horizontal("chain", "_near").alias("chain")
+        )
+        if updated.join(labels, on=["event", "chain"], how="anti").height == 0:
+            return labels
+        labels = updated
+
+
+def one_kernel_links(ops: pl.DataFrame, edges: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
+    """`links` (producer -> consumer between chain candidates) that one kernel can hold.
+
+    A link is cut when its consumer also reads an op from outside the chain that ran after
+    the link's producer: that op may depend on the producer (the residual stream: `add` ->
+    norm -> attention -> `add`; RMSNorm: `x` -> mean -> rsqrt -> `x * rsqrt`), and then
+    the two ends cannot share one kernel without it. Running later is the trace's proxy
+    for depending on it (no tensor ids), so an independent later input also cuts: the
+    chain found is never longer than the truth.
+    """
+    start = ops.select("event", "ts_ns")
+    outside = (
+        edges.join(links, on=["producer", "consumer"], how="anti")
+        .join(start.rename({"event": "producer", "ts_ns": "_outside_ts"}), on="producer")
+        .group_by("consumer")
+        .agg(pl.col("_outside_ts").max())
+    )
+    return (
+        links.join(start.rename({"event": "producer", "ts_ns": "_ts"}), on="producer")
+        .join(outside, on="consumer", how="left")
+        .filter(pl.col("_outside_ts").is_null() | (pl.col("_outside_ts") < pl.col("_ts")))
+        .select("producer", "consumer", "input_index")
+    )
+
+
+def pointwise_chains(
+    ops: pl.DataFrame,
+    edges: pl.DataFrame,
+    claimed: pl.Series,
+    min_ops: int = 3,
+    min_confidence: float = 0.0,
+) -> pl.DataFrame:
+    """One row per chain: `ops` (event ids, in order), `n`, `shape`, `unfused_bytes` (what
+    the ops move one by one) and `fused_bytes` (what one kernel would move: inputs from
+    outside the chain, and outputs read outside it or by no one). `claimed` ops (other
+    rules' findings) are left out.
+    """
+    pointwise = (
+        (pl.col("role").is_in(["elementwise", "activation"]) & ~pl.col("generated"))
+        | ((pl.col("role") == "cast") & (pl.col("n_kernels") > 0))
+    ) & ~pl.col("glu_fused")
+    members = ops.filter(
+        pointwise & pl.col("output_shape").is_not_null() & ~pl.col("event").is_in(claimed.implode())
+    ).select("event", "output_shape", "traffic_bytes", "itemsize")
+    trusted = edges.filter(pl.col("confidence") >= min_confidence)
+    shape_of = members.select("event", "output_shape")
+    linked = (
+        trusted.join(shape_of.rename({"event": "producer", "output_shape": "_p"}), on="producer")
+        .join(shape_of.rename({"event": "consumer", "output_shape": "_c"}), on="consumer")
+        .filter(pl.col("_p") == pl.col("_c"))
+        .select("producer", "consumer", "input_index")
+    )
+    links = one_kernel_links(ops, trusted, linked)
+    if links.height == 0:
+        return pl.DataFrame(
+            schema={
+                "chain": pl.Int64,
+                "ops": pl.List(pl.Int64),
+                "n": pl.UInt32,
+                "shape": pl.List(pl.Int64),
+                "unfused_bytes": pl.Int64,
+                "fused_bytes": pl.Int64,
+            }
+        )
+    chains = components(pl.concat([links["producer"], links["consumer"]]), links)
+    chains = chains.filter(pl.len().over("chain") >= min_ops)
+    inside = chains.select("event", "chain")
+    internal = links.join(inside.rename({"event": "producer"}), on="producer").join(
+        inside.rename({"event": "consumer"}), on=["consumer", "chain"]
+    )
+    # inputs a fused kernel still reads: those not produced inside its chain
+    outer_in = (
+        input_bytes(ops.join(inside, on="event"))
+        .join(inside, on="event")
+        .join(
+            internal.select(pl.col("consumer").alias("event"), "input_index"),
+            on=["event", "input_index"],
+            how="anti",
+        )
+        .group_by("chain")
+        .agg(pl.col("bytes").sum().alias("_in"))
+    )
+    # outputs it still writes: read outside the chain, or by no op at all (the result)
+    read_inside = internal.select(pl.col("producer").alias("event"), pl.lit(True).alias("_i"))
+    read_outside = (
+        trusted.join(inside.rename({"event": "producer"}), on="producer")
+        .join(inside.rename({"event": "consumer", "chain": "_cc"}), on="consumer", how="left")
+        .filter(pl.col("_cc").is_null() | (pl.col("_cc") != pl.col("chain")))
+        .select(pl.col("producer").alias("event"), pl.lit(True).alias("_o"))
+    )
+    outer_out = (
+        chains.join(members, on="event")
+        .join(read_inside.unique(), on="event", how="left")
+        .join(read_outside.unique(), on="event", how="left")
+        .filter(pl.col("_o").fill_null(False) | pl.col("_i").is_null())
+        .group_by("chain")
+        .agg((numel(pl.col("output_shape")) * pl.col("itemsize")).sum().alias("_out"))
+    )
+    timed = ops.select("event", "ts_ns")
+    return (
+        chains.join(members, on="event")
+        .join(timed, on="event")
+        .sort("ts_ns", "event")
+        .group_by("chain", maintain_order=True)
+        .agg(
+            pl.col("event").alias("ops"),
+            pl.len().alias("n"),
+            pl.col("output_shape").last().alias("shape"),
+            pl.col("traffic_bytes").sum().alias("unfused_bytes"),
+        )
+        .join(outer_in, on="chain", how="left")
+        .join(outer_out, on="chain", how="left")
+        .with_columns(
+            (pl.col("_in").fill_null(0) + pl.col("_out").fill_null(0)).alias("fused_bytes")
+        )
+        .drop("_in", "_out")
+        .sort("chain")
+    )
+
+
+def claimed_ops(ctx: Context) -> pl.Series:
+    """Ops TQ101, TQ102 and TQ103 report (at their default thresholds)."""
+    ops, edges = fusion_ops(ctx), fusion_edges(ctx)
+    glus = glu_ops(ctx)
+    acts = split_activations(ops, edges, glus, min_confidence=0.4)
+    adds = split_bias_adds(ops, edges, min_confidence=0.4)
+    return pl.concat(
+        [
+            glus["act_ops"].explode(),
+            glus["mul"],
+            acts["act_ops"].explode(),
+            adds["add"],
+        ]
+    ).drop_nulls()
+
+
+DEFAULTS = {"min_ops": 3, "min_confidence": 0.4, "min_saving_us": 0.0}
+
+
+@rule("TQ104", "pointwise-chain", "info", defaults=DEFAULTS)
+def check(ctx: Context) -> Iterator[Finding]:
+    """## What it does
+    Finds three or more elementwise ops in one data-flow chain, each its own kernel. The
+    ops (add, mul, div, pow, exp, activations, dtype casts that launch a kernel, ...) work
+    on same-shaped tensors. Ops that TQ101, TQ102 or TQ103 already report (a split bias add, an
+    activation after a GEMM, a GLU's activation and multiply) are left to those rules.
+
+    ## Why is this bad?
+    Each elementwise kernel reads its inputs from memory and writes its output back, and
+    is far too cheap to hide its launch: a chain of n ops moves about n times the data one
+    fused kernel would (which reads the chain's inputs once and writes its result once) and
+    pays n launches. Elementwise ops are memory-bound, so time follows bytes.
+
+    Estimated saving: the measured time of the chain (GPU kernel time on a GPU trace, CPU
+    op time on a CPU-only one) × (1 − bytes a fused kernel moves / bytes the ops move).
+
+    ## Example
+    ```python
+    y = ((x * 2 + 1).sigmoid() * x).relu()  # 5 kernels, 5 round trips
+    ```
+
+    ## Use instead
+    ```python
+    @torch.compile
+    def f(x):
+        return ((x * 2 + 1).sigmoid() * x).relu()  # one fused kernel
+    ```
+    or a hand-written Triton kernel; for normalisations, the fused op
+    (`F.rms_norm`, `F.layer_norm`).
+
+    ## Options
+    - `min_ops` (3): fewest ops that make a chain.
+    - `min_confidence` (0.4): weakest data-flow edge accepted.
+    - `min_saving_us` (0): leave out findings that save less.
+
+    ## References
+    - PyTorch, "torch.compile": https://pytorch.org/docs/stable/generated/torch.compile.html
+    - Triton tutorial, "Fused Softmax" (why fusion pays for memory-bound ops):
+      https://triton-lang.org/main/getting-started/tutorials/02-fused-softmax.html
+    """
+    ops = fusion_ops(ctx)
+    chains = pointwise_chains(
+        ops,
+        fusion_edges(ctx),
+        claimed_ops(ctx),
+        min_ops=ctx.options["min_ops"],
+        min_confidence=ctx.options["min_confidence"],
+    )
+    rows = details(ops, chains["ops"].explode().to_list())
+    for chain in chains.iter_rows(named=True):
+        members = [rows[e] for e in chain["ops"]]
+        time_us = sum(r["time_ns"] for r in members) / 1000
+        saving = scaled_saving_us(time_us, chain["unfused_bytes"], chain["fused_bytes"])
+        if saving < ctx.options["min_saving_us"]:
+            continue
+        where = located(ctx, members)
+        names = " → ".join(r["name"].removeprefix("aten::") for r in members)
+        where["evidence"].update(
+            {
+                "unfused_traffic": mib(chain["unfused_bytes"]),
+                "fused_traffic": mib(chain["fused_bytes"]),
+            }
+        )
+        yield ctx.finding(
+            message=(
+                f"{chain['n']} elementwise ops ({names}) on {shape_text(chain['shape'])} run "
+                f"as {chain['n']} kernels; one fused kernel would move "
+                f"{mib(chain['fused_bytes'])} instead of {mib(chain['unfused_bytes'])}"
+            ),
+            shapes=[chain["shape"]],
+            est_saving_us=saving,
+            saving_model=(
+                f"measured time of the chain ({time_us:.2f} µs) × (1 − fused / unfused "
+                f"traffic: {chain['fused_bytes']} / {chain['unfused_bytes']} bytes)"
+            ),
+            fix=(
+                "Fuse the chain into one kernel: `torch.compile` the function (Inductor emits "
+                "one `triton_poi_fused_*` kernel), write it in Triton, or use the fused op it "
+                "spells out (`F.rms_norm`, `F.layer_norm`, `F.gelu`)."
+            ),
+            **where,
+        )
+
+
+RULE = check

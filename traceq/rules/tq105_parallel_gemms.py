@@ -1,0 +1,222 @@
+"""TQ105 parallel-gemms: two or more GEMMs reading the same input with the same K.
+
+"The same input" is decided on data flow: the GEMMs' activation operands (`x` of
+`linear`/`mm`/`matmul`, `mat1` of `addmm`) come from the same producer op. When the input
+is a graph input (no producer in the trace), GEMMs count as reading it together if they
+run in the same step, thread and parent module on the same input shape, with at most
+`max_ops_between` ops between one and the next — q/k/v or gate/up projections of one
+block. Program order, not time: a loaded machine stretches time, not order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import polars as pl
+
+from traceq.rules.base import Context, rule
+from traceq.rules.finding import Finding
+from traceq.rules.opclass import (
+    details,
+    fusion_edges,
+    fusion_ops,
+    located,
+    mib,
+    numel,
+    shape_text,
+)
+
+_PARENT = r"\.[^.]*$"
+
+
+def parallel_gemms(
+    ops: pl.DataFrame,
+    edges: pl.DataFrame,
+    min_gemms: int = 2,
+    max_ops_between: int = 16,
+    min_confidence: float = 0.0,
+) -> pl.DataFrame:
+    """One row per group of GEMMs sharing an input: `gemms` (event ids, in order), `n`,
+    `source` (the producer op, or null for a graph input), `x_shape`, `k`, `ns` (output
+    features of each), `x_bytes` (size of the shared input), `confidence`.
+    """
+    ordered = ops.with_columns(
+        pl.col("ts_ns").rank("ordinal").over("pid", "tid").cast(pl.Int64).alias("_seq")
+    )
+    gemms = ordered.filter(
+        (pl.col("role") == "gemm") & pl.col("k").is_not_null() & pl.col("x_shape").is_not_null()
+    ).select(
+        "event",
+        "gemm_x",
+        "x_shape",
+        "k",
+        "n",
+        "dtype",
+        "step",
+        "pid",
+        "tid",
+        "ts_ns",
+        "_seq",
+        "itemsize",
+        pl.col("module").str.replace(_PARENT, "").alias("parent_module"),
+    )
+    fed = (
+        edges.filter(pl.col("confidence") >= min_confidence)
+        .join(gemms.select("event", "gemm_x"), left_on="consumer", right_on="event")
+        .filter(pl.col("input_index") == pl.col("gemm_x"))
+        .group_by("consumer")
+        .agg(pl.col("producer").first().alias("source"), pl.col("confidence").min())
+    )
+    gemms = gemms.join(fed, left_on="event", right_on="consumer", how="left")
+    key = ["x_shape", "k", "dtype"]
+    by_source = (
+        gemms.filter(pl.col("source").is_not_null())
+        .sort("ts_ns", "event")
+        .group_by(["source", *key], maintain_order=True)
+        .agg(
+            pl.col("event").alias("gemms"),
+            pl.col("n").alias("ns"),
+            pl.col("itemsize").first(),
+            pl.col("confidence").min(),
+        )
+    )
+    scope = ["step", "pid", "tid", "parent_module", *key]
+    by_place = (
+        gemms.filter(pl.col("source").is_null())
+        .sort("ts_ns", "event")
+        .with_columns(
+            (
+                (pl.col("_seq") - pl.col("_seq").shift(1) - 1).over(scope).fill_null(0)
+                > max_ops_between
+            )
+            .cum_sum()
+            .over(scope)
+            .alias("_burst")
+        )
+        .group_by([*scope, "_burst"], maintain_order=True)
+        .agg(
+            pl.col("event").alias("gemms"),
+            pl.col("n").alias("ns"),
+            pl.col("itemsize").first(),
+        )
+        .with_columns(
+            pl.lit(None, dtype=pl.Int64).alias("source"),
+            pl.lit(None, dtype=pl.Float64).alias("confidence"),
+        )
+    )
+    columns = ["gemms", "source", *key, "ns", "itemsize", "confidence"]
+    groups = pl.concat(
+        [by_source.select(columns), by_place.select(columns)], how="vertical_relaxed"
+    )
+    return (
+        groups.with_columns(pl.col("gemms").list.len().alias("n"))
+        .filter(pl.col("n") >= min_gemms)
+        .with_columns((numel(pl.col("x_shape")) * pl.col("itemsize")).alias("x_bytes"))
+        .sort(pl.col("gemms").list.first())
+    )
+
+
+DEFAULTS = {"min_gemms": 2, "max_ops_between": 16, "min_confidence": 0.4, "min_saving_us": 0.0}
+
+
+@rule("TQ105", "parallel-gemms", "info", defaults=DEFAULTS, zoo=("dual_gemm_glu",))
+def check(ctx: Context) -> Iterator[Finding]:
+    """## What it does
+    Finds GEMMs that read the same input with the same K, each run on its own. Typically
+    the q, k and v projections of attention, or the gate and up projections of a GLU MLP.
+
+    ## Why is this bad?
+    Each GEMM reads the whole input again and pays its own launch, and small GEMMs leave
+    SMs idle (a [tokens, K] × [K, N] GEMM with few tokens is launch- and tail-bound). One
+    GEMM over the concatenated weights ([K, N1 + N2 + ...]) reads the input once, launches
+    once and fills the GPU better; its output splits back with views (`chunk`/`split`).
+
+    Estimated saving: a launch and a read of the shared input per GEMM merged away —
+    (n − 1) × (device launch overhead + input bytes / memory bandwidth), at most the time
+    of all but the longest GEMM. Better occupancy of small GEMMs is not counted.
+
+    ## Example
+    ```python
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    h = F.silu(self.gate_proj(x)) * self.up_proj(x)
+    ```
+
+    ## Use instead
+    ```python
+    q, k, v = self.qkv_proj(x).split([d_q, d_kv, d_kv], dim=-1)
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    ```
+    For a GLU MLP, the zoo's `dual_gemm_glu` computes both GEMMs and the gate in one kernel.
+
+    ## Options
+    - `min_gemms` (2): fewest GEMMs in a group.
+    - `max_ops_between` (16): for a graph input, the most ops (of any kind, on the thread)
+      between two GEMMs of one group.
+    - `min_confidence` (0.4): weakest data-flow edge accepted.
+    - `min_saving_us` (0): leave out findings that save less.
+
+    ## References
+    - vLLM `QKVParallelLinear` / `MergedColumnParallelLinear`:
+      https://github.com/vllm-project/vllm
+    - Hugging Face, "Profiling in PyTorch (Part 2): From nn.Linear to a Fused MLP"
+    """
+    ops = fusion_ops(ctx)
+    groups = parallel_gemms(
+        ops,
+        fusion_edges(ctx),
+        min_gemms=ctx.options["min_gemms"],
+        max_ops_between=ctx.options["max_ops_between"],
+        min_confidence=ctx.options["min_confidence"],
+    )
+    rows = details(ops, groups["gemms"].explode().to_list())
+    launch_us = ctx.device.launch_overhead_us
+    for group in groups.iter_rows(named=True):
+        members = [rows[e] for e in group["gemms"]]
+        times = [r["time_ns"] / 1000 for r in members]
+        extra = group["n"] - 1
+        modeled = extra * (launch_us + ctx.device.transfer_us(group["x_bytes"]))
+        ceiling = sum(times) - max(times)
+        saving = min(modeled, ceiling)
+        if saving < ctx.options["min_saving_us"]:
+            continue
+        where = located(ctx, members)
+        widths = " + ".join(str(n) for n in group["ns"])
+        where["evidence"].update(
+            {
+                "source": group["source"],
+                "x_shape": group["x_shape"],
+                "k": group["k"],
+                "n": group["ns"],
+                "shared_input": mib(group["x_bytes"]),
+                "launch_overhead_us": launch_us,
+                "dataflow_confidence": group["confidence"],
+            }
+        )
+        source = (
+            "graph input (same shape, same parent module)"
+            if group["source"] is None
+            else "input (one producer)"
+        )
+        yield ctx.finding(
+            message=(
+                f"{group['n']} GEMMs read the same {shape_text(group['x_shape'])} {source} "
+                f"with K={group['k']}: one GEMM with N = {widths} would read it once"
+            ),
+            shapes=[group["x_shape"]],
+            est_saving_us=saving,
+            saving_model=(
+                f"{extra} × (launch {launch_us:.2f} µs + input read "
+                f"{ctx.device.transfer_us(group['x_bytes']):.2f} µs at "
+                f"{ctx.device.bandwidth_text}) = {modeled:.2f} µs, capped at the time of all "
+                f"but the longest GEMM ({ceiling:.2f} µs)"
+            ),
+            fix=(
+                "Concatenate the weights and run one GEMM, then split the output: "
+                "`qkv_proj(x).split(...)`, `gate_up_proj(x).chunk(2, -1)`; for gate/up of a "
+                "GLU MLP, the zoo's `dual_gemm_glu`."
+            ),
+            **where,
+        )
+
+
+RULE = check

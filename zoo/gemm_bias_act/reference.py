@@ -1,0 +1,31 @@
+"""The split eager reference: ``F.linear`` then the activation, two kernels.
+
+This is what ``nn.Linear`` followed by ``nn.GELU`` runs today, and the baseline every other
+``gemm_bias_act`` entry is checked and timed against. It runs in float64 too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from zoo.activations import activate
+from zoo.registry import ACTIVATIONS, DTYPES, Entry
+
+
+def gemm_bias_act_reference(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
+) -> torch.Tensor:
+    return activate(F.linear(x, weight, bias), act)
+
+
+ENTRY = Entry(
+    name="gemm_bias_act.reference",
+    pattern="gemm_bias_act",
+    impl="reference",
+    fn=gemm_bias_act_reference,
+    activations=tuple(ACTIVATIONS),
+    dtypes=DTYPES,
+    devices=("cpu", "cuda"),
+    description="split eager: F.linear, then the activation as its own op",
+)

@@ -1,0 +1,1 @@
+"""``act(gate) * up``: the GeGLU / SwiGLU pointwise pattern (finding TQ103)."""

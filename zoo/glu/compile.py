@@ -1,0 +1,11 @@
+"""``torch.compile`` of the split ``glu`` reference.
+
+Inductor's own fusion of the eager code, unaided: the bar a hand-written kernel must beat.
+"""
+
+from __future__ import annotations
+
+from zoo.compiled import compiled_entry
+from zoo.glu import reference
+
+ENTRY = compiled_entry(reference.ENTRY)

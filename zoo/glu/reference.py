@@ -1,0 +1,28 @@
+"""The split eager reference: the activation on ``gate``, then a separate multiply.
+
+Two kernels and one [M, N] intermediate written and read back: what a GeGLU / SwiGLU
+written as ``F.gelu(gate) * up`` runs in eager mode. It runs in float64 too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zoo.activations import activate
+from zoo.registry import ACTIVATIONS, DTYPES, Entry
+
+
+def glu_reference(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    return activate(gate, act) * up
+
+
+ENTRY = Entry(
+    name="glu.reference",
+    pattern="glu",
+    impl="reference",
+    fn=glu_reference,
+    activations=tuple(ACTIVATIONS),
+    dtypes=DTYPES,
+    devices=("cpu", "cuda"),
+    description="split eager: act(gate), then * up",
+)

@@ -1,0 +1,41 @@
+"""The split eager reference of a whole MLP block, as ``nn.Linear`` modules run it.
+
+Plain: ``F.linear`` (up, with bias), activation, ``F.linear`` (down). Gated (``w_gate``
+given): gate and up GEMMs, activation, multiply, down GEMM. It runs in float64 too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from zoo.activations import activate
+from zoo.registry import ACTIVATIONS, DTYPES, Entry
+
+
+def mlp_reference(
+    x: torch.Tensor,
+    w_gate: torch.Tensor | None,
+    w_up: torch.Tensor,
+    b_up: torch.Tensor | None,
+    w_down: torch.Tensor,
+    b_down: torch.Tensor | None,
+    act: str,
+) -> torch.Tensor:
+    if w_gate is None:
+        hidden = activate(F.linear(x, w_up, b_up), act)
+    else:
+        hidden = activate(F.linear(x, w_gate), act) * F.linear(x, w_up, b_up)
+    return F.linear(hidden, w_down, b_down)
+
+
+ENTRY = Entry(
+    name="mlp.reference",
+    pattern="mlp",
+    impl="reference",
+    fn=mlp_reference,
+    activations=tuple(ACTIVATIONS),
+    dtypes=DTYPES,
+    devices=("cpu", "cuda"),
+    description="split eager: Linear, act (and * up when gated), Linear",
+)

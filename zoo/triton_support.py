@@ -1,0 +1,166 @@
+"""What every Triton entry shares: the activation epilogue, and how a launch is shaped.
+
+Triton runs here either on a GPU or in its interpreter (``TRITON_INTERPRET=1``, read when
+``@triton.jit`` runs, so it must be set before a kernel module is imported). The
+interpreter has no ``tl.tanh`` and its libdevice calls return None, so tanh is written as
+``2*sigmoid(2x) - 1``; ``tl.math.erf`` works in both. Its bf16 arithmetic is wrong, so
+operands are upcast right after ``tl.load`` there; on a GPU the GEMM operands stay in their
+storage dtype (tensor cores, fp32 accumulation, the same products exactly) and only the
+epilogue math runs in fp32. Multi-config autotuning needs a driver, so the interpreter gets
+one config derived from the problem.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+#: Whether the kernels defined by modules imported after this point run interpreted.
+INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+#: Largest tile edge used in the interpreter: its cost grows with programs × K-steps, and
+#: 64 still leaves the test shapes with several tiles and a ragged last one.
+INTERPRETER_BLOCK_CAP = 64
+
+#: Storage dtypes the Triton entries accept (tf32 is float32 storage).
+TRITON_DTYPES: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16")
+
+INTERPRETER_NOTE = "Triton interpreter: correctness only"
+
+
+def interpreted() -> bool:
+    """Whether Triton kernels run in the interpreter in this process."""
+    return INTERPRETED
+
+
+def requires_triton_device(device: str) -> str | None:
+    """Why a Triton entry cannot run on ``device`` here, or None."""
+    if device == "cpu" and not INTERPRETED:
+        return "Triton on CPU needs TRITON_INTERPRET=1 set before zoo kernels are imported"
+    return None
+
+
+def device_notes() -> dict[str, str]:
+    """Per-device notes of a Triton entry: on the CPU it can only be interpreted."""
+    notes = {"cpu": INTERPRETER_NOTE}
+    if INTERPRETED:
+        notes["cuda"] = INTERPRETER_NOTE
+    return notes
+
+
+def timed_devices() -> tuple[str, ...]:
+    """Devices where a Triton entry's time is a measurement: a GPU, not interpreted."""
+    return () if INTERPRETED else ("cuda",)
+
+
+def tile(dim: int, cap: int = INTERPRETER_BLOCK_CAP, floor: int = 16) -> int:
+    """A power-of-two tile edge covering ``dim``, within [floor, cap] (tl.dot needs >= 16)."""
+    return max(floor, min(cap, triton.next_power_of_2(max(dim, 1))))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: IEEE fp32 unless PyTorch allows TF32 matmuls too.
+
+    Only float32 operands are affected; half-precision operands ignore it ("tf32" is
+    Triton's default there).
+    """
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def check_device(*tensors: torch.Tensor) -> None:
+    """Refuse CPU tensors outside the interpreter with a message, not a driver crash."""
+    if not INTERPRETED and any(t.device.type != "cuda" for t in tensors):
+        raise RuntimeError(
+            "Triton zoo kernels need CUDA tensors, or TRITON_INTERPRET=1 set before "
+            "the zoo kernel modules are imported"
+        )
+
+
+def rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """Flatten leading dims: [..., K] -> [rows, K] (a view when the strides allow it)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+@functools.cache
+def autotuned(kernel: triton.JITFunction, configs_key: str) -> triton.runtime.Autotuner:
+    """The GPU autotuned variant of ``kernel``, built on first use, never interpreted."""
+    configs, key = _AUTOTUNE_TABLES[configs_key]
+    return triton.autotune(configs=configs, key=key)(kernel)
+
+
+def _gemm_configs() -> list[triton.Config]:
+    shapes = [
+        (128, 256, 64, 8, 3),
+        (128, 128, 64, 4, 4),
+        (128, 128, 64, 8, 3),
+        (64, 256, 32, 4, 4),
+        (128, 64, 64, 4, 4),
+        (64, 128, 64, 4, 4),
+        (256, 128, 64, 8, 3),
+        (64, 64, 64, 4, 5),
+    ]
+    return [
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+            num_warps=w,
+            num_stages=s,
+        )
+        for bm, bn, bk, w, s in shapes
+    ]
+
+
+def _dual_gemm_configs() -> list[triton.Config]:
+    # Two fp32 accumulators per program: tiles half the size of the single GEMM's.
+    shapes = [
+        (128, 128, 64, 8, 3),
+        (128, 64, 64, 4, 4),
+        (128, 64, 64, 8, 3),
+        (64, 128, 64, 4, 4),
+        (128, 128, 32, 8, 4),
+        (64, 64, 64, 4, 5),
+    ]
+    return [
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+            num_warps=w,
+            num_stages=s,
+        )
+        for bm, bn, bk, w, s in shapes
+    ]
+
+
+_AUTOTUNE_TABLES: dict[str, tuple[list[triton.Config], list[str]]] = {
+    "gemm": (_gemm_configs(), ["M", "N", "K", "HAS_BIAS", "ACT"]),
+    "dual_gemm": (_dual_gemm_configs(), ["M", "N", "K", "ACT"]),
+}
+
+
+@triton.jit
+def activate(x, ACT: tl.constexpr):
+    """The activation named by ``ACT`` on an fp32 tile (resolved at compile time).
+
+    tanh is ``2*sigmoid(2z) - 1`` (the interpreter has no tl.tanh), so gelu_tanh is
+    ``0.5*x*(1 + tanh(z)) = x*sigmoid(2z)``. sigmoid is written inline, because every
+    nested @jit call (tl.sigmoid is one) costs the interpreter milliseconds per program,
+    and in the form that cannot overflow: with ``e = exp(-|s|)`` it is ``1/(1+e)`` for
+    ``s >= 0`` and ``e/(1+e)`` below.
+    """
+    if ACT == "gelu":
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACT == "gelu_tanh":
+        s = 1.5957691216057308 * (x + 0.044715 * x * x * x)  # 2 * sqrt(2/pi) * (...)
+        e = tl.exp(-tl.abs(s))
+        return x * tl.where(s >= 0, 1.0, e) / (1.0 + e)
+    elif ACT == "silu":
+        e = tl.exp(-tl.abs(x))
+        return x * tl.where(x >= 0, 1.0, e) / (1.0 + e)
+    elif ACT == "relu":
+        return tl.maximum(x, 0.0)
+    else:
+        return x

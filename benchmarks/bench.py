@@ -463,6 +463,17 @@ def machine_facts(hta_python: str | None) -> dict[str, Any]:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 facts["mem_total_gb"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        git = ["git", "-C", str(REPO)]
+        facts["git_commit"] = subprocess.run(
+            [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        facts["git_dirty"] = bool(
+            subprocess.run(
+                [*git, "status", "--porcelain", "traceq"], capture_output=True, text=True
+            ).stdout.strip()
+        )
+    facts["loadavg_at_start"] = os.getloadavg()
     facts["main_versions"] = run_child(sys.executable, "versions", REPO).get("versions")
     if hta_python:
         facts["hta_python"] = hta_python

@@ -43,8 +43,8 @@ SHARED_TRACES = Path(
 FIXTURES = REPO_ROOT / "fixtures"
 # Execution Traces (PyTorch's graph dump, not Kineto) and raw memory timelines: not traces.
 NOT_KINETO = ("_et.json", ".raw.gz")
-# Traces with more events than this are marked `slow` (deselect with -m "not slow").
-SLOW_EVENTS_BYTES = 700_000  # compressed size; roughly 40k events
+# Traces bigger than this are marked `slow` (deselect them with -m "not slow").
+SLOW_FILE_BYTES = 700_000  # compressed size; roughly 40k events
 
 
 def shared_trace_paths() -> list[Path]:
@@ -100,7 +100,7 @@ def _kineto_params() -> list[Any]:
     params = []
     for path in [*fixture_trace_paths(), *filter(is_kineto, shared_trace_paths())]:
         marks = [pytest.mark.shared] if path.is_relative_to(SHARED_TRACES) else []
-        if path.stat().st_size > SLOW_EVENTS_BYTES:
+        if path.stat().st_size > SLOW_FILE_BYTES:
             marks.append(pytest.mark.slow)
         params.append(pytest.param(path, id=_label(path), marks=marks))
     if not SHARED_TRACES.is_dir():

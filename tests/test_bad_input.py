@@ -119,6 +119,11 @@ CASES: dict[str, tuple[Maker, type[traceq.TraceError], str]] = {
         TraceSchemaError,
         r"event 0 \(aten::mm\?\) has a control character in 'name'",
     ),
+    "raw control character in a string": (
+        write(GOOD.replace(b"aten::mm", b"aten::\x01mm", 1)),
+        TraceFormatError,
+        "control character 0x01 inside a string at byte",
+    ),
     "NaN literal": (
         write(GOOD.replace(b'"dur": 5', b'"dur": NaN')),
         TraceFormatError,

@@ -187,7 +187,7 @@ def test_training_fixture_has_the_models_edges_through_views(repo_root: Path) ->
             assert reaches(named[p], named[c]), f"step {step}: {p} -> {c}"
 
 
-def test_qwen_swiglu_mul_reads_silu_and_up_gemm(load_shared) -> None:  # noqa: ANN001
+def test_qwen_swiglu_mul_reads_silu_and_up_gemm(load_shared) -> None:
     """HF Qwen2MLP: down(silu(gate(x)) * up(x)); the up GEMM runs between silu and mul."""
     trace = load_shared(QWEN)
     ops = dataflow_ops(trace)
@@ -210,7 +210,7 @@ def test_qwen_swiglu_mul_reads_silu_and_up_gemm(load_shared) -> None:  # noqa: A
         assert [by_event[d]["name"] for d in down] == ["aten::linear"]
 
 
-def test_inductor_kernel_after_gemm_reads_its_output(repo_root: Path, load_shared) -> None:  # noqa: ANN001
+def test_inductor_kernel_after_gemm_reads_its_output(repo_root: Path, load_shared) -> None:
     trace, _ = _fixture(repo_root, "mlp_gelu-compiled")
     ops = dataflow_ops(trace)
     edges = dataflow(trace, ops).filter(pl.col("consumer_name") == "graph_0_cpp_fused_gelu_0")
@@ -225,7 +225,7 @@ def test_inductor_kernel_after_gemm_reads_its_output(repo_root: Path, load_share
     assert glu["confidence"].min() >= SURE
 
 
-def test_parallel_projections_read_one_input(load_shared) -> None:  # noqa: ANN001
+def test_parallel_projections_read_one_input(load_shared) -> None:
     """q/k/v projections in the compiled Llama-style block all read the norm kernel."""
     edges = dataflow(load_shared(TRITON))
     norm = "triton_red_fused_add_mean_mul_pow_rsqrt_0"
@@ -234,7 +234,7 @@ def test_parallel_projections_read_one_input(load_shared) -> None:  # noqa: ANN0
     assert qkv["confidence"].min() >= SURE
 
 
-def test_gpu_time_of_each_op_is_its_kernels(load_shared) -> None:  # noqa: ANN001
+def test_gpu_time_of_each_op_is_its_kernels(load_shared) -> None:
     """`gpu_ns` against `Trace.kernels_of` (which walks op descendants by itself)."""
     trace = load_shared(QWEN)
     ops = dataflow_ops(trace)
@@ -247,7 +247,7 @@ def test_gpu_time_of_each_op_is_its_kernels(load_shared) -> None:  # noqa: ANN00
     assert ops["gpu_ns"].sum() == launched["dur_ns"].sum()
 
 
-def test_without_shapes_relu_reads_the_linear_before_it(load_shared) -> None:  # noqa: ANN001
+def test_without_shapes_relu_reads_the_linear_before_it(load_shared) -> None:
     """param's linear_kineto has no `Input Dims`: edges fall back to sibling order."""
     trace = load_shared(PARAM_LINEAR)
     edges = dataflow(trace)
@@ -258,7 +258,7 @@ def test_without_shapes_relu_reads_the_linear_before_it(load_shared) -> None:  #
 
 
 @pytest.mark.slow
-def test_dataflow_of_a_216k_event_trace_is_fast(load_shared) -> None:  # noqa: ANN001
+def test_dataflow_of_a_216k_event_trace_is_fast(load_shared) -> None:
     trace = load_shared(DF_INDEX)
     started = time.perf_counter()
     ops = dataflow_ops(trace)
@@ -266,3 +266,88 @@ def test_dataflow_of_a_216k_event_trace_is_fast(load_shared) -> None:  # noqa: A
     elapsed = time.perf_counter() - started
     assert ops.height > 10_000 and edges.height > 10_000
     assert elapsed < 3.0  # ~0.5 s here; generous for a shared CI machine
+
+
+def _shape_cases() -> dict:
+    """Op calls whose output shape `opshapes` derives, each recorded by torch.profiler."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    x3, w, b = r(4, 16, 64), r(128, 64), r(128)
+    img, kernel = r(2, 3, 17, 19), r(8, 3, 3, 5)
+    return {
+        "linear": lambda: F.linear(x3, w, b),
+        "linear_nobias": lambda: F.linear(x3, w),
+        "addmm": lambda: torch.addmm(b, r(32, 64), r(64, 128)),
+        "mm": lambda: torch.mm(r(32, 64), r(64, 16)),
+        "bmm": lambda: torch.bmm(r(8, 32, 64), r(8, 64, 16)),
+        "baddbmm": lambda: torch.baddbmm(r(8, 32, 16), r(8, 32, 64), r(8, 64, 16)),
+        "matmul_broadcast": lambda: torch.matmul(r(2, 1, 32, 64), r(3, 64, 16)),
+        "matmul_vec_mat": lambda: torch.matmul(r(64), r(64, 16)),
+        "matmul_mat_vec": lambda: torch.matmul(r(4, 32, 64), r(64)),
+        "add_broadcast": lambda: torch.add(r(32, 1, 64), r(8, 64)),
+        "mul_scalar": lambda: torch.mul(r(5, 7), 3.0),
+        "where": lambda: torch.where(r(5, 1) > 0, r(1, 7), r(5, 7)),
+        "gelu": lambda: F.gelu(r(6, 10), approximate="tanh"),
+        "softmax": lambda: torch.softmax(r(6, 10), dim=-1),
+        "layer_norm": lambda: F.layer_norm(r(4, 6, 10), (10,)),
+        "view": lambda: r(16, 12, 64).view(16, 12, -1, 8),
+        "reshape": lambda: r(16, 12, 64).reshape(-1, 64),
+        "transpose": lambda: r(2, 3, 5, 7).transpose(1, -1),
+        "permute": lambda: r(2, 3, 5, 7).permute(0, 2, 3, 1),
+        "t": lambda: r(3, 9).t(),
+        "unsqueeze": lambda: r(3, 9).unsqueeze(-1),
+        "squeeze": lambda: r(3, 1, 9).squeeze(1),
+        "slice": lambda: r(3, 10)[:, 1::3],
+        "select": lambda: r(3, 10, 4).select(1, 2),
+        "narrow": lambda: r(3, 10).narrow(1, 2, 5),
+        "expand": lambda: r(1, 5, 1).expand(4, -1, 6),
+        "flatten": lambda: r(2, 3, 5, 7).flatten(1, 2),
+        "cat": lambda: torch.cat([r(2, 3, 5), r(2, 4, 5)], dim=1),
+        "stack": lambda: torch.stack([r(2, 3), r(2, 3)], dim=-1),
+        "mean_keepdim": lambda: r(4, 6, 10).mean(-1, keepdim=True),
+        "sum_dims": lambda: r(4, 6, 10).sum((0, 2)),
+        "amax": lambda: r(4, 6, 10).amax(1),
+        "conv2d": lambda: F.conv2d(img, kernel, stride=(2, 1), padding=(1, 2), dilation=(1, 2)),
+        "max_pool2d": lambda: F.max_pool2d(img, 3, stride=2, padding=1, ceil_mode=True),
+        "adaptive_avg_pool2d": lambda: F.adaptive_avg_pool2d(img, (4, 5)),
+        "embedding": lambda: F.embedding(torch.tensor([[1, 2, 3], [4, 5, 6]]), r(10, 8)),
+        "sdpa": lambda: F.scaled_dot_product_attention(r(2, 4, 9, 8), r(2, 4, 7, 8), r(2, 4, 7, 6)),
+        "index_select": lambda: torch.index_select(r(5, 7), 1, torch.tensor([0, 3, 3, 6])),
+        "to": lambda: r(3, 4).to(torch.float64),
+        "mse_loss": lambda: F.mse_loss(r(3, 4), r(3, 4)),
+    }
+
+
+def test_derived_output_shapes_match_torch(tmp_path: Path) -> None:
+    """Record each op with torch.profiler (record_shapes), read the trace back with traceq,
+    and compare the derived output shape with the shape torch returned."""
+    pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    cases = _shape_cases()
+    returned = {}
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for name, call in cases.items():
+            with record_function(f"case:{name}"):
+                returned[name] = list(call().shape)
+    path = tmp_path / "shapes.json"
+    prof.export_chrome_trace(str(path))
+    trace = traceq.load(path)
+    ops = dataflow_ops(trace)
+    windows = trace.annotations.filter(pl.col("name").str.starts_with("case:"))
+    derived = {}
+    for name, start, end in windows.select("name", "ts_ns", "end_ns").iter_rows():
+        inside = ops.filter(
+            (pl.col("ts_ns") >= start)
+            & (pl.col("ts_ns") + pl.col("dur_ns") <= end)
+            & ~pl.col("name").is_in(["aten::randn", "aten::lift_fresh", "aten::gt", "aten::empty"])
+        ).sort("ts_ns")
+        derived[name.removeprefix("case:")] = inside["output_shape"].to_list()[-1]
+    assert set(derived) == set(cases)
+    assert derived == returned

@@ -77,6 +77,10 @@ class CriticalPath:
     """The events of the region's graph (event, name, kind, device, stream, tid)."""
     graph_size: dict[str, int] = field(default_factory=dict)
 
+    def __len__(self) -> int:
+        """Points on the path."""
+        return self.nodes.height
+
     @property
     def length_ns(self) -> int:
         """Wall time from the path's first point to its last."""
@@ -211,12 +215,14 @@ def critical_path(trace: Trace, region: Region = None) -> CriticalPath:
     cpu = _cpu_events(trace, start, end)
     gpu = _gpu_activities(trace, cpu)
     nodes = _nodes(cpu, gpu)
-    parts = [_stack_edges(cpu), *_gpu_edges(trace, cpu, gpu)]
-    edges = pl.concat([p for p in parts if p.height], how="diagonal_relaxed")
+    if cpu.height == 0:
+        raise TraceError(f"no CPU op or runtime call starts in {start} .. {end} ns")
+    parts = [p for p in (_stack_edges(cpu), *_gpu_edges(trace, cpu, gpu)) if p.height]
+    edges = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
     path_nodes, path_edges = _heaviest_path(nodes, edges)
     events = pl.concat(
         [
-            cpu.select("event", "name", pl.lit("cpu").alias("kind")),
+            cpu.select("event", "name", "kind"),
             gpu.select("event", "name", "kind"),
         ]
     )
@@ -227,7 +233,12 @@ def critical_path(trace: Trace, region: Region = None) -> CriticalPath:
 def _cpu_events(trace: Trace, start: int, end: int) -> pl.DataFrame:
     """Ops and runtime calls that start in the window and last (HTA's selection)."""
     columns = ["event", "name", "pid", "tid", "ts_ns", "end_ns"]
-    frame = pl.concat([trace.ops.select(columns), trace.runtime.select(columns)])
+    frame = pl.concat(
+        [
+            trace.ops.select(*columns, pl.lit("op").alias("kind")),
+            trace.runtime.select(*columns, pl.lit("runtime").alias("kind")),
+        ]
+    )
     return (
         frame.filter(pl.col("ts_ns").is_between(start, end) & (pl.col("end_ns") > pl.col("ts_ns")))
         .with_columns(

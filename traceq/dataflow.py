@@ -225,6 +225,11 @@ def _numbered(ops: pl.DataFrame) -> pl.DataFrame:
             pl.col("compiled").alias("_loose"),
             pl.col("parent").fill_null(-1).alias("_tree"),
             pl.lit(False).alias("_out_inferred"),
+            pl.col("name")
+            .str.replace(r"^\w+::", "")
+            .str.replace(r"\..*$", "")
+            .is_in(list(opshapes.MULTI_OUTPUT))
+            .alias("_multi"),
             numel_key(pl.col("data_inputs").list.first().struct.field("shape")).alias("_in_numel"),
         )
         .with_columns(

@@ -170,6 +170,12 @@ def _json_problem(message: str, buf: bytes | bytearray | memoryview) -> str:
                 f"not valid JSON: {word[0].decode()} at byte {start + word.start()} "
                 "(JSON has no NaN or Infinity; the writer produced an invalid number)"
             )
+        byte = bytes(buf[int(at[1]) : int(at[1]) + 1])
+        if byte and byte[0] < 0x20:
+            return (
+                f"not valid JSON: control character 0x{byte[0]:02x} inside a string at byte "
+                f"{at[1]} (it must be written escaped)"
+            )
     return f"not valid JSON: {message.removeprefix('JSON is malformed: ')}"
 
 

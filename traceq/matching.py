@@ -149,6 +149,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_scope").alias("_pscope"),
         pl.col("_out_inferred").alias("_pinferred"),
         pl.col("_in_numel").alias("_pin_numel"),
+        pl.col("_multi").alias("_pmulti"),
     )
     consumer_info = nodes.select(
         "event",
@@ -161,6 +162,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_pkind") == opshapes.GEMM)
         & (pl.col("_pin_numel") == pl.col("_numel"))
     ).fill_null(False)
+    copies = pl.when(pl.col("_pmulti")).then(pl.int_ranges(0, pl.col("_m"))).otherwise([0])
     return (
         pl.concat(found, how="diagonal_relaxed")
         .filter(pl.col("_seq") - pl.col("_pseq") <= WINDOW)
@@ -172,7 +174,9 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             (pl.col("_module") == pl.col("_pmodule")).alias("_same_module"),
             (~in_scope(pl.col("_module"), pl.col("_pscope"))).alias("_enclosed"),
+            copies.alias("_copy"),
         )
+        .explode("_copy")  # each output of a split can feed its own input
     )
 
 
@@ -230,7 +234,7 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
         fresh = (pl.col("_first_read") >= pl.col("_seq")).fill_null(True)
     ranked = (
         ranked.with_columns(hidden.cast(pl.Int32).alias("_tier"), fresh.alias("_fresh"))
-        .sort("_tier", "_same_module", "_pseq", descending=[False, True, True])
+        .sort("_tier", "_same_module", "_pseq", "_copy", descending=[False, True, True, False])
         .with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_pick"))
     )
     passed_over = (pl.col("_pick") >= pl.col("_m")) & (pl.col("_tier") == 0) & pl.col("_fresh")
@@ -260,7 +264,10 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
     )
     kind = pl.col("_ckind")
     replacing = (
-        level & kind.is_in(_UPDATING_KINDS) & (same_size | kind.is_in(_RESHAPING_KINDS))
+        level
+        & kind.is_in(_UPDATING_KINDS)
+        & (same_size | kind.is_in(_RESHAPING_KINDS))
+        & ~pl.col("_pmulti")  # one output of a split replaced says nothing of the others
     ).fill_null(False)
     return (
         edges.filter(replacing)

@@ -249,8 +249,10 @@ _VIEW = {
     "reshape_as",
     "numpy_T",
     "split",
+    "unsafe_split",
     "split_with_sizes",
     "chunk",
+    "unsafe_chunk",
     "unbind",
     "cat",
     "stack",
@@ -315,6 +317,8 @@ _GRAD_LIKE = {
 }
 """Backward ops whose result (a gradient) has the shape of the input at this position."""
 _COLLECTIVE_NS = {"c10d", "_c10d_functional", "c10d_functional"}
+MULTI_OUTPUT = {"chunk", "unsafe_chunk", "split", "unsafe_split", "split_with_sizes", "unbind"}
+"""Ops returning several tensors; `output_shape` is the shape they share, when they do."""
 NOT_TENSOR = {"Scalar", "ScalarList", "TensorList", "GenericList", "", "None", "String", "Device"}
 """`Input type` values that are not a tensor (a tensor's type is its dtype, e.g. `float`)."""
 
@@ -703,4 +707,30 @@ def _view_output(op: str, dims: list, x: Shape | None, concrete: list[str]) -> S
         out = list(x)
         out[d] = numel(index)
         return out
+    if op in MULTI_OUTPUT:
+        return _piece(op, x, concrete)
     return None
+
+
+def _piece(op: str, x: Shape, concrete: list[str]) -> Shape | None:
+    """The shape every output of a split shares, or None when the pieces differ."""
+    rank = len(x)
+    if op == "unbind":
+        d = _dim(_int(concrete[1], 0) if len(concrete) > 1 else 0, rank)
+        return [*x[:d], *x[d + 1 :]]
+    d = _dim(_int(concrete[2], 0) if len(concrete) > 2 else 0, rank)
+    if op in ("chunk", "unsafe_chunk"):
+        n = _int(concrete[1])
+        size = -(-x[d] // n) if n else 0
+    elif op in ("split", "unsafe_split"):
+        size = _int(concrete[1])
+    else:  # split_with_sizes
+        sizes = _ints(concrete[1]) or []
+        if len(set(sizes)) != 1:
+            return None
+        size = sizes[0]
+    if not size or x[d] % size:
+        return None
+    out = list(x)
+    out[d] = size
+    return out

@@ -124,7 +124,7 @@ class Context:
         """Producer → consumer tensor edges between semantic ops (`traceq.dataflow.dataflow`)."""
         from traceq.dataflow import dataflow
 
-        return self.cached("dataflow_edges", lambda: dataflow(self.trace))
+        return self.cached("dataflow_edges", lambda: dataflow(self.trace, self.ops))
 
     @property
     def kernel_names(self) -> pl.DataFrame:

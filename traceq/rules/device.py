@@ -6,7 +6,8 @@ against a small table of vendor peak figures below; a GPU not in the table gets 
 by compute capability, flagged as `assumed`. Launch overhead is measured on the trace
 itself (median duration of its kernel-launch API calls) when it holds enough launches.
 CPU-only traces get a CPU model: a documented DRAM bandwidth and, as the "launch" cost
-that fusion removes, the measured median duration of view-like ops (pure dispatch).
+that fusion removes, the measured median duration of view-like ops (pure dispatch; those
+run while torch.compile compiles, on fake tensors, are left out).
 Every figure can be overridden in configuration (`[tool.traceq.device]`).
 """
 
@@ -58,6 +59,7 @@ CPU_DEFAULT_DISPATCH_US = 2.0
 MIN_SAMPLES = 20
 
 LAUNCH_CALL = r"(?i)^(cuda|cu|hip|hipExt)(LaunchKernel|LaunchKernelExC|ModuleLaunchKernel)"
+COMPILE_RANGE = r"^(dynamo|entire_frame_compile)$|\(dynamo_timed\)$"
 VIEW_OPS = ("aten::view", "aten::as_strided", "aten::reshape", "aten::t", "aten::transpose")
 
 
@@ -163,7 +165,8 @@ def cpu_model(trace: Trace | None = None) -> DeviceModel:
     """The CPU model: documented DRAM bandwidth; dispatch cost measured on view-like ops."""
     dispatch, dispatch_source = CPU_DEFAULT_DISPATCH_US, "default"
     if trace is not None:
-        views = trace.ops.filter(pl.col("name").is_in(VIEW_OPS))["dur_ns"]
+        views = _outside_compilation(trace.ops.filter(pl.col("name").is_in(VIEW_OPS)), trace.ops)
+        views = views["dur_ns"]
         if views.len() >= MIN_SAMPLES:
             dispatch = float(views.median()) / 1000
             dispatch_source = f"median of {views.len()} view-like ops"
@@ -184,6 +187,22 @@ def cpu_model(trace: Trace | None = None) -> DeviceModel:
             f"{dispatch:.2f} µs ({dispatch_source})"
         ),
     )
+
+
+def _outside_compilation(rows: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """`rows` not inside a torch.compile compilation range: ops traced there run on fake
+    tensors through Dynamo and cost far more than dispatch."""
+    ranges = (
+        ops.filter(pl.col("name").str.contains(COMPILE_RANGE))
+        .select(pl.col("ts_ns").alias("_start"), pl.col("end_ns"))
+        .sort("_start")
+        .with_columns(pl.col("end_ns").cum_max().alias("_reach"))
+        .select("_start", "_reach")
+    )
+    if ranges.height == 0 or rows.height == 0:
+        return rows
+    probe = rows.sort("ts_ns").join_asof(ranges, left_on="ts_ns", right_on="_start")
+    return probe.filter(pl.col("_reach").is_null() | (pl.col("ts_ns") >= pl.col("_reach")))
 
 
 def measured_launch_us(trace: Trace) -> tuple[float, str] | None:

@@ -20,16 +20,13 @@ COMPILE = (
     r"aot_collect_metadata|_recursive_joint_graph_passes|_recursive_post_grad_passes)"
     r"( \(dynamo_timed\))?$"
 )
-PHASES = (
-    "bytecode_tracing",
-    "create_aot_dispatcher_function",
-    "inductor_compile",
-    "GraphLowering.run",
-    "GraphLowering.codegen",
-    "compile_file",
-    "async_compile.wait",
-    "PyCodeCache.load_by_key_path",
-)
+# Phases that do not nest in one another, with the words a reader knows them by.
+PHASES = {
+    "bytecode_tracing": "Dynamo tracing",
+    "GraphLowering.run": "Inductor lowering",
+    "compile_file": "C++/Triton compile",
+    "async_compile.wait": "waiting for compile workers",
+}
 REGION = r"^Torch-Compiled Region: (\d+)/(\d+)"
 LOOKUP = "TorchDynamo Cache Lookup"
 GRAPH_CALL = r"^## Call CompiledFxGraph"
@@ -121,7 +118,7 @@ def _compilations(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
         recompile = _produced_recompile(regions, row)
         phases = _phases(compile_ops, row)
         kind = "recompilation" if recompile else "compilation"
-        top = ", ".join(f"{name} {us / 1e6:,.2f} s" for name, us in list(phases.items())[:3])
+        top = ", ".join(f"{PHASES[name]} {us / 1e6:,.2f} s" for name, us in phases.items())
         yield ctx.finding(
             message=(
                 f"torch.compile {kind} inside {_where(row['step'])}: {cost / 1e6:,.2f} s"
@@ -144,7 +141,7 @@ def _compilations(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
                 "kind": kind,
                 "compile_event": row["name"],
                 "phases_us": phases,
-                "op_names": [kind],
+                "op_names": [row["name"]],
             },
         )
 
@@ -162,13 +159,13 @@ def _produced_recompile(regions: pl.DataFrame, compile_row: dict) -> bool:
 
 
 def _phases(compile_ops: pl.DataFrame, outer: dict) -> dict[str, float]:
-    """Time per known phase inside one compile (each phase counted once, not its
-    `(dynamo_timed)` twin), largest first."""
+    """Time per phase inside one compile (each counted once, not its `(dynamo_timed)`
+    twin), largest first."""
     inside = compile_ops.filter(
         (pl.col("tid") == outer["tid"])
         & (pl.col("ts_ns") >= outer["ts_ns"])
         & (pl.col("end_ns") <= outer["end_ns"])
-        & pl.col("name").is_in(PHASES)
+        & pl.col("name").is_in(list(PHASES))
     )
     totals = inside.group_by("name").agg(pl.col("dur_ns").sum()).sort("dur_ns", descending=True)
     return {name: ns / US for name, ns in totals.iter_rows()}
@@ -232,7 +229,7 @@ def _per_call(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
                 "kind": "per-call",
                 "regions": k,
                 "share": share,
-                "op_names": ["per-call"],
+                "op_names": ["Torch-Compiled Region"],
             },
         )
 

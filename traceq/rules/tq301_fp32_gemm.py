@@ -86,6 +86,7 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
             pl.col("dur_ns").sum().alias("ns"),
             pl.col("event"),
             pl.col("op_event").drop_nulls().unique(maintain_order=True),
+            *[pl.col(c).first() for c in DECODED],
         )
     )
     for row in sites.iter_rows(named=True):
@@ -96,7 +97,6 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
         saving = time_us - new_us
         if saving < ctx.options["min_saving_us"]:
             continue
-        decoded = ctx.kernel_names.filter(pl.col("event") == row["event"][0]).row(0, named=True)
         yield ctx.finding(
             message=(
                 f"{row['op_name'] or 'GEMM'} runs in fp32 on CUDA cores ({row['name']}, "
@@ -118,7 +118,7 @@ def fp32_gemm(ctx: Context) -> Iterator[Finding]:
             fix=_fix(target),
             evidence={
                 "kernel": row["name"],
-                "decoded": {k: v for k, v in decoded.items() if k in DECODED and v is not None},
+                "decoded": {k: row[k] for k in DECODED if row[k] is not None},
                 "launches": row["n"],
                 "op_names": [row["op_name"]] if row["op_name"] else [],
                 "tensor_core_peak_ratio": ratio,

@@ -85,11 +85,11 @@ def low_occupancy(ctx: Context) -> Iterator[Finding]:
     if not total_ns:
         return
     sms = ctx.device.num_sms
-    blocks = (
-        pl.col("grid")
-        .list.eval(pl.element().fill_null(1))
-        .list.eval(pl.element().cum_prod())
-        .list.last()
+    grid = pl.col("grid")
+    blocks = pl.when(grid.is_not_null()).then(
+        grid.list.get(0, null_on_oob=True).fill_null(1)
+        * grid.list.get(1, null_on_oob=True).fill_null(1)
+        * grid.list.get(2, null_on_oob=True).fill_null(1)
     )
     valid_occ = pl.when(pl.col("occupancy_pct") > 0).then(pl.col("occupancy_pct"))
     weighted = (valid_occ * pl.col("dur_ns")).sum() / pl.col("dur_ns").filter(

@@ -10,6 +10,9 @@ from traceq.errors import (
 from traceq.load import load
 from traceq.trace import Trace
 
+# After the submodule imports: `traceq.analyze` names the function, not the module.
+from traceq.analyze import analyze  # noqa: E402  isort: skip
+
 __version__ = "0.1.0"
 __all__ = [
     "Trace",
@@ -19,5 +22,17 @@ __all__ = [
     "TraceSchemaError",
     "TraceTooLargeError",
     "__version__",
+    "analyze",
+    "check",
+    "diff",
     "load",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`traceq.diff` / `traceq.check` without importing the regression stack at import."""
+    if name in ("diff", "check", "save_baseline", "load_baseline"):
+        import traceq.regression as regression
+
+        return getattr(regression, name)
+    raise AttributeError(f"module 'traceq' has no attribute {name!r}")

@@ -1,5 +1,7 @@
 """traceq: read PyTorch profiler traces, find what to fuse and what it saves, prove the fix."""
 
+# After the submodule imports: `traceq.analyze` names the function, not the module.
+from traceq.analyze import analyze
 from traceq.errors import (
     TraceError,
     TraceFileError,
@@ -9,9 +11,6 @@ from traceq.errors import (
 )
 from traceq.load import load
 from traceq.trace import Trace
-
-# After the submodule imports: `traceq.analyze` names the function, not the module.
-from traceq.analyze import analyze  # noqa: E402  isort: skip
 
 __version__ = "0.1.0"
 __all__ = [

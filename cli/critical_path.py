@@ -11,6 +11,7 @@ from traceq import TraceError
 from traceq import critical_path as paths
 from traceq.critical_path import Region
 
+NAME_WIDTH = 70
 LABELS = {
     "cpu_bound": "CPU-bound",
     "gpu_compute": "GPU compute",
@@ -63,15 +64,18 @@ def critical_path(
         causes.add_row(LABELS[cause], f"{data['breakdown_us'][cause]:,.1f}", f"{pct:.1f}")
     console.print(causes)
     heaviest = Table(title="heaviest on the path", title_justify="left")
-    for column, justify in (("event", "right"), ("kind", "left"), ("name", "left")):
-        heaviest.add_column(column, justify=justify, overflow="fold")
-    heaviest.add_column("us", justify="right")
-    heaviest.add_column("%", justify="right")
+    heaviest.add_column("event", justify="right", no_wrap=True, min_width=6)
+    heaviest.add_column("kind", no_wrap=True, min_width=7)
+    heaviest.add_column("name", overflow="ellipsis", no_wrap=True)
+    heaviest.add_column("us", justify="right", no_wrap=True, min_width=8)
+    heaviest.add_column("%", justify="right", no_wrap=True, min_width=5)
     for row in data["top"]:
+        width = max(16, min(NAME_WIDTH, console.width - 46))
+        name = row["name"] if len(row["name"]) <= width else row["name"][: width - 1] + "…"
         heaviest.add_row(
             str(row["event"]),
             row["kind"],
-            row["name"],
+            name,
             f"{row['time_us']:,.1f}",
             f"{row['pct']:.1f}",
         )

@@ -170,7 +170,7 @@ class Trace:
         """Inferred producer -> consumer edges between `dataflow_ops` (see `traceq.dataflow`)."""
         from traceq.dataflow import dataflow
 
-        return dataflow(self)
+        return dataflow(self, self.dataflow_ops)
 
     @cached_property
     def graph(self) -> Any:

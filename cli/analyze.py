@@ -1,5 +1,8 @@
 """`traceq analyze TRACE`: findings with evidence and estimated savings, in four formats.
 
+`--check-fixes` also proves each fusion finding's fix with the kernel zoo (`zoo.verify`):
+the zoo, and torch with it, is imported only then.
+
 Exit status: 0, or 1 when a finding is at or above `--fail-on`, or 2 on bad input.
 """
 
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +19,11 @@ from traceq.analyze import analysis
 from traceq.report import FORMATS, Report, build_report, render
 from traceq.rules.config import Config, ConfigError, find_config, load_config, parse_options
 from traceq.rules.finding import SEVERITIES
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from traceq import Trace
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -48,6 +57,12 @@ def _split(values: tuple[str, ...]) -> list[str]:
     help="traceq.toml or pyproject.toml (default: the nearest one above TRACE)",
 )
 @click.option("--no-config", is_flag=True, help="ignore configuration files")
+@click.option(
+    "--check-fixes",
+    is_flag=True,
+    help="prove each fusion finding's fix: record the split and the zoo's fused version at "
+    "its shapes and show the rule is gone (needs torch; slow on a CPU)",
+)
 def analyze(
     trace: str,
     select: tuple[str, ...],
@@ -58,6 +73,7 @@ def analyze(
     output: str | None,
     config_path: str | None,
     no_config: bool,
+    check_fixes: bool,
 ) -> None:
     """Find fusion opportunities and overhead in TRACE, with evidence and estimated savings.
 
@@ -66,6 +82,7 @@ def analyze(
     """
     config = _config(trace, config_path, no_config)
     parsed = parse_options(options)  # bad syntax fails before the (slow) load
+    verify_groups = _fix_checker() if check_fixes else None
     loaded = load(trace)
     with progress("Analyzing ..."):
         result = analysis(
@@ -76,7 +93,8 @@ def analyze(
             options=parsed,
         )
     report = build_report(result, loaded)
-    attach_fix_checks(report)
+    if verify_groups is not None:
+        attach_fix_checks(report, loaded, verify_groups)
     text = render(report, fmt, **_render_options(fmt, output))
     if output:
         Path(output).write_text(text, encoding="utf-8")
@@ -91,9 +109,29 @@ def analyze(
             sys.exit(1)
 
 
-def attach_fix_checks(report: Report) -> None:
-    """Hook for `--check-fixes`: attach `report.attach_fix_check(group.key, result)` for
-    groups whose fix the zoo can prove; every renderer shows a group's `fix_check`."""
+def _fix_checker() -> Callable[..., dict[str, dict[str, Any]]]:
+    """`zoo.verify.check_fixes`, or one line and exit 2 when the zoo cannot be imported
+    (torch missing); asked before the load, so a missing dependency fails fast."""
+    try:
+        from zoo.verify import check_fixes
+    except ImportError as error:
+        click.echo(
+            f"traceq: error: --check-fixes needs the zoo (pip install 'traceq[zoo]'): {error}",
+            err=True,
+        )
+        sys.exit(2)
+    return check_fixes
+
+
+def attach_fix_checks(
+    report: Report, trace: Trace, check_fixes: Callable[..., dict[str, dict[str, Any]]]
+) -> None:
+    """`--check-fixes`: one zoo verification per finding group, attached to the group
+    (`report.attach_fix_check`); every renderer shows a group's `fix_check`."""
+    with progress("Checking fixes with the zoo ..."):
+        results = check_fixes(report.findings, trace=trace)
+    for key, result in results.items():
+        report.attach_fix_check(key, result)
 
 
 def _config(trace: str, path: str | None, no_config: bool) -> Config:

@@ -1,8 +1,10 @@
-"""``traceq zoo``: list the kernel zoo and check its entries' numbers and speed.
+"""``traceq zoo``: list the kernel zoo, check its entries' numbers and speed, and verify
+that a fused entry makes a finding go away.
 
 Thin on purpose: parse options, call ``zoo``, render. torch and the kernels are imported
 inside the commands, so ``traceq`` itself starts without them. Exit status: 0 all good,
-1 an entry failed numerics, 2 a bad request (one line on stderr, never a traceback).
+1 an entry failed numerics (``check``) or the finding is still there (``verify``), 2 a bad
+request (one line on stderr, never a traceback).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from zoo.check import CheckReport
     from zoo.registry import Zoo
+    from zoo.verify import TraceStats, VerifyResult
 
 
 def _fail_usage(message: str) -> NoReturn:
@@ -217,4 +220,124 @@ def check_pattern(
     else:
         _render_check(report)
     if not report.passed:
+        sys.exit(1)
+
+
+def _render_verify(result: VerifyResult) -> None:
+    console = _console()
+    assert result.shape is not None and result.requested_shape is not None
+    shape = "×".join(map(str, result.shape))
+    scale = ""
+    if result.scale > 1:
+        requested = "×".join(map(str, result.requested_shape))
+        scale = f" (scaled 1/{result.scale} from {requested})"
+    console.print(
+        f"[bold]verify {' + '.join(result.rules)}[/bold] with {result.pattern}: M,K,N "
+        f"{shape}{scale} {result.dtype} on {result.device}, act={result.act}"
+    )
+    table = Table(title="recorded traces")
+    columns = ("trace", "entry", "ops/step (top level)", "ops", "kernels", "time/step")
+    for column in (*columns, *(f"{rule} fired" for rule in result.rules)):
+        table.add_column(column, overflow="fold")
+    for side, stats in (("split", result.split), ("fused", result.fused)):
+        assert stats is not None
+        table.add_row(
+            side,
+            stats.entry,
+            _top_level(stats),
+            str(stats.ops),
+            str(stats.kernels),
+            _step_time(stats),
+            *(str(stats.findings[rule]) for rule in result.rules),
+        )
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}")
+    colour = "green" if result.gone else "red"
+    console.print(f"[{colour}]{result.summary}[/{colour}]")
+
+
+def _top_level(stats: TraceStats) -> str:
+    steps = max(stats.steps, 1)
+    return ", ".join(
+        f"{name} ×{count / steps:g}" if count != steps else name
+        for name, count in stats.top_level_ops.items()
+    )
+
+
+def _step_time(stats: TraceStats) -> str:
+    text = f"{stats.step_us:,.1f} µs {stats.clock}"
+    return text if stats.timed else f"{text} (interpreted: no measurement)"
+
+
+@zoo.command("verify")
+@click.argument("pattern")
+@click.option("--shape", required=True, help="M,K,N: rows, input features, output features.")
+@click.option("--act", default="gelu", show_default=True, help="gelu, gelu_tanh, relu, silu, none")
+@click.option("--dtype", default="float32", show_default=True, help="float32, tf32, bf16, ...")
+@click.option(
+    "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="default: cuda if present"
+)
+@click.option("--entry", default=None, help="The fused entry to record (default: the best here).")
+@click.option("--variant", default=None, help="mlp: plain (Linear->act->Linear) or gated (GLU).")
+@click.option(
+    "--scale",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Divide M, K, N by this (default: 1 on CUDA, enough to stay small on the CPU).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--keep",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the two recorded traces in this directory.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+def verify_pattern(
+    pattern: str,
+    shape: str,
+    act: str,
+    dtype: str,
+    device: str | None,
+    entry: str | None,
+    variant: str | None,
+    scale: int | None,
+    steps: int,
+    keep: str | None,
+    fmt: str,
+) -> None:
+    """Record PATTERN's split reference and a fused entry, analyze both traces, and show
+    that the rule the pattern fixes fires on the first and not on the second.
+
+    Exit 0 when the finding is gone from the fused trace, 1 when it is not.
+    """
+    found = _discover(device)
+    from zoo.errors import ZooUsageError
+    from zoo.patterns import parse_shape
+    from zoo.verify import verify
+
+    try:
+        result = verify(
+            pattern,
+            shape=parse_shape(shape),
+            act=act,
+            dtype=dtype,
+            device=device,
+            entry=entry,
+            scale=scale,
+            variant=variant,
+            steps=steps,
+            keep=keep,
+            zoo=found,
+        )
+    except ZooUsageError as error:
+        _fail_usage(str(error))
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        _render_verify(result)
+    if not result.gone:
         sys.exit(1)

@@ -43,7 +43,7 @@ from traceq.analyze import analyze
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import GEMM_OPERANDS, WEIGHT_NK
 from zoo.activations import activate
-from zoo.errors import UnknownActivation, UnknownEntry, ZooUsageError
+from zoo.errors import UnknownActivation, ZooUsageError
 from zoo.patterns import dtype_name, validate_pattern, validate_shape
 from zoo.patterns import variants as pattern_variants
 from zoo.record import record_trace
@@ -210,6 +210,10 @@ class VerifyResult:
     notes: tuple[str, ...] = ()
     reason: str = ""
 
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
+
     @property
     def gone(self) -> bool:
         return self.status == "gone"
@@ -274,6 +278,12 @@ def _per(ops: dict[str, int], steps: int) -> str:
 def _time(stats: TraceStats) -> str:
     text = f"{stats.step_us:,.1f} µs {stats.clock}"
     return text if stats.timed else f"{text} (interpreted, not a measurement)"
+
+
+class NotVerifiable(ZooUsageError):
+    """The zoo has nothing that runs this problem here: an activation no entry fuses, a
+    dtype or device no fused entry supports, GEMMs the zoo cannot merge. For a finding this
+    is a result (``unsupported``), not an error."""
 
 
 # --- the entries verify records besides the zoo's own ------------------------------------
@@ -347,17 +357,18 @@ def interpret_triton_without_gpu(device: str) -> None:
 
 
 def scaled_shape(
-    shape: tuple[int, int, int], device: str, scale: int | None = None
+    shape: tuple[int, int, int], *, interpreted: bool, scale: int | None = None
 ) -> tuple[tuple[int, int, int], int]:
     """The shape divided by ``scale`` (rounded up), and the factor used.
 
-    ``scale`` None: 1 on CUDA; on the CPU the smallest power of two that brings every
-    dimension within `CPU_SHAPE_LIMIT`. One factor for all three keeps the problem's
-    proportions, so the recorded ops are the finding's at a smaller size.
+    ``scale`` None: 1 when the fused entry runs compiled; when it is interpreted (Triton on
+    the CPU), the smallest power of two that brings every dimension within
+    `CPU_SHAPE_LIMIT`. One factor for all three keeps the problem's proportions, so the
+    recorded ops are the finding's at a smaller size.
     """
     if scale is None:
         scale = 1
-        if device == "cpu":
+        if interpreted:
             limits = list(zip(shape, CPU_SHAPE_LIMIT, strict=True))
             while any(math.ceil(d / scale) > lim for d, lim in limits):
                 scale *= 2
@@ -367,12 +378,17 @@ def scaled_shape(
     return (m, k, n), scale
 
 
-def _fused_rank(entry: Entry, device: str) -> tuple[int, int, int, str]:
-    note = entry.notes_on.get(device, "")
+def fuses_on(entry: Entry, device: str) -> bool:
+    """False for an entry whose note on ``device`` says it is not fused there
+    (``torch._addmm_activation`` on the CPU runs addmm, then the activation)."""
+    return "not fused" not in entry.notes_on.get(device, "")
+
+
+def _fused_rank(entry: Entry, device: str) -> tuple[int, bool, str]:
     order = (
         IMPL_PREFERENCE.index(entry.impl) if entry.impl in IMPL_PREFERENCE else len(IMPL_PREFERENCE)
     )
-    return ("not fused" in note, order, device not in entry.timed_on, entry.name)
+    return (order, device not in entry.timed_on, entry.name)
 
 
 def choose_fused(
@@ -380,9 +396,9 @@ def choose_fused(
 ) -> Entry:
     """The fused entry to record: ``entry`` if named, else the best that can run here.
 
-    Best: one that really fuses on this device (not `torch._addmm_activation` on the CPU),
-    the zoo's Triton kernel before a vendor library before ``torch.compile``, and one that
-    runs compiled before one that is interpreted.
+    Best: the zoo's Triton kernel before a vendor library before ``torch.compile``, and
+    one that runs compiled before one that is interpreted. An entry that does not fuse on
+    this device is never chosen by itself: its trace would prove nothing.
     """
     if entry is not None:
         chosen = zoo.get(entry)
@@ -395,10 +411,13 @@ def choose_fused(
             raise ZooUsageError(f"{entry} cannot run {act} {dtype} on {device}: {reason}")
         return chosen
     candidates = [e for e in zoo.for_pattern(pattern) if e.impl != "reference"]
-    runnable = [e for e in candidates if e.supports(act, dtype, device)[0]]
+    runnable = [e for e in candidates if e.supports(act, dtype, device)[0] and fuses_on(e, device)]
     if not runnable:
-        why = "; ".join(f"{e.name}: {e.supports(act, dtype, device)[1]}" for e in candidates)
-        raise ZooUsageError(
+        why = "; ".join(
+            f"{e.name}: {e.supports(act, dtype, device)[1] or e.notes_on.get(device)}"
+            for e in candidates
+        )
+        raise NotVerifiable(
             f"no fused {pattern} entry runs {act} {dtype} on {device} ({why or 'none found'})"
         )
     return min(runnable, key=lambda e: _fused_rank(e, device))
@@ -474,9 +493,10 @@ def plan_pattern(
             raise ZooUsageError(f"{pattern} with act {act} reproduces {checked}, not {rule}")
         rules = (rule,)
 
-    shape_now, factor = scaled_shape(requested, device, scale)
+    interpreted = device not in fused.timed_on
+    shape_now, factor = scaled_shape(requested, interpreted=interpreted, scale=scale)
     notes = list(notes)
-    if device not in fused.timed_on:
+    if interpreted:
         notes.append(
             f"{fused.name} is interpreted on {device}: its trace shows the fused op, "
             "its time is no measurement"
@@ -526,21 +546,21 @@ def _dtype_of(finding: Finding, notes: list[str]) -> str:
     try:
         return dtype_name(name)
     except ZooUsageError as error:
-        raise ZooUsageError(f"the zoo has no {finding.dtype} entries: {error}") from None
+        raise NotVerifiable(f"the zoo has no {finding.dtype} entries: {error}") from None
 
 
 def _act_name(activation: str | None) -> str:
     """The zoo's name for an activation a rule reported (gelu, relu, silu...)."""
     if activation in ACTIVATIONS and activation != "none":
         return activation
-    raise ZooUsageError(f"no zoo entry fuses a {activation} activation")
+    raise NotVerifiable(f"no zoo entry fuses a {activation} activation")
 
 
 def _glu_act(finding: Finding) -> str:
     kind = finding.evidence.get("glu")
     if kind in GLU_ACTIVATIONS:
         return GLU_ACTIVATIONS[kind]
-    raise ZooUsageError(f"no zoo entry fuses a {kind or 'GLU'} with this activation")
+    raise NotVerifiable(f"no zoo entry fuses a {kind or 'GLU'} with this activation")
 
 
 def _gate_k(finding: Finding, siblings: Sequence[Finding], trace: Trace | None) -> int | None:
@@ -579,12 +599,12 @@ def _problem_of(
     if rule == "TQ101":
         mkn = _gemm_mkn(op_names[0], finding.shapes) if op_names else None
         if mkn is None:
-            raise ZooUsageError("TQ101 finding without the GEMM's shapes")
+            raise NotVerifiable("TQ101 finding without the GEMM's shapes")
         return "gemm_bias_act", mkn, "none", "matmul_add", notes
     if rule == "TQ102":
         mkn = _gemm_mkn(op_names[0], finding.shapes) if op_names else None
         if mkn is None:
-            raise ZooUsageError("TQ102 finding without the GEMM's shapes")
+            raise NotVerifiable("TQ102 finding without the GEMM's shapes")
         act = _act_name(finding.evidence.get("activation"))
         if act == "gelu":
             notes.append("GELU recorded as erf gelu (a trace does not say whether it was tanh)")
@@ -594,7 +614,7 @@ def _problem_of(
         return "gemm_bias_act", mkn, act, form, notes
     if rule == "TQ103":
         if not finding.shapes:
-            raise ZooUsageError("TQ103 finding without the multiply's shapes")
+            raise NotVerifiable("TQ103 finding without the multiply's shapes")
         out = finding.shapes[0]
         k = _gate_k(finding, siblings, trace)
         if k is None:
@@ -611,7 +631,7 @@ def _problem_of(
         k = finding.evidence.get("k")
         x = finding.evidence.get("x_shape") or (finding.shapes[0] if finding.shapes else None)
         if len(n) != 2 or n[0] != n[1] or not isinstance(k, int) or not x:
-            raise ZooUsageError(
+            raise NotVerifiable(
                 f"the zoo's dual_gemm_glu merges two GEMMs of equal N; this finding has N = {n}"
             )
         act = _sibling_glu_act(finding, siblings)
@@ -619,7 +639,7 @@ def _problem_of(
             act = "none"
             notes.append("no GLU on these GEMMs among the findings: recorded with act none")
         return "dual_gemm_glu", (_rows(x), k, n[0]), act, None, notes
-    raise ZooUsageError(f"verify cannot reproduce {rule}")
+    raise NotVerifiable(f"verify cannot reproduce {rule}")
 
 
 def plan_finding(
@@ -717,8 +737,14 @@ def run_plan(plan: Plan, *, steps: int = 3, keep: str | Path | None = None) -> V
             stats.append(trace_stats(loaded, entry, plan.device, plan.rules, kept))
     split, fused = stats
     checks = tuple(RuleCheck(r, split.findings[r], fused.findings[r]) for r in plan.rules)
+    notes = plan.notes
     if any(c.split == 0 for c in checks):
         status = "not_reproduced"
+        if plan.shape[1] == plan.shape[2] and {"TQ103", "TQ105"} & set(plan.rules):
+            notes += (
+                "K == N: without tensor ids the analyzer links ops by shape, and cannot tell "
+                "the GLU's input from its GEMM outputs",
+            )
     elif all(c.gone for c in checks):
         status = "gone"
     else:
@@ -738,7 +764,7 @@ def run_plan(plan: Plan, *, steps: int = 3, keep: str | Path | None = None) -> V
         scale=plan.scale,
         split=split,
         fused=fused,
-        notes=plan.notes,
+        notes=notes,
     )
 
 
@@ -752,7 +778,7 @@ def no_pattern(finding: Finding) -> VerifyResult:
     )
 
 
-def unsupported(finding: Finding, error: ZooUsageError) -> VerifyResult:
+def unsupported(finding: Finding, error: NotVerifiable) -> VerifyResult:
     """The result for a finding the zoo cannot run here (an activation, dtype or N it lacks)."""
     return VerifyResult(
         status="unsupported", rule=finding.rule, rules=(finding.rule,), reason=str(error)
@@ -802,9 +828,7 @@ def verify(
                 scale=scale,
                 zoo=zoo,
             )
-        except UnknownEntry:
-            raise
-        except ZooUsageError as error:
+        except NotVerifiable as error:
             return unsupported(finding, error)
         if plan is None:
             return no_pattern(finding)
@@ -855,7 +879,7 @@ def check_fixes(
             plan = plan_finding(
                 first, siblings=findings, trace=trace, device=device, scale=scale, zoo=zoo
             )
-        except ZooUsageError as error:
+        except NotVerifiable as error:
             results[key] = unsupported(first, error).to_dict()
             continue
         if plan is None:

@@ -1,4 +1,5 @@
-"""`traceq annotate TRACE -o OUT.json`: a copy of the trace that shows the critical path."""
+"""`traceq annotate TRACE -o OUT.json`: a copy of the trace that shows the critical path and
+the findings of `traceq analyze` in Perfetto."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import click
 
 from cli.common import load, trace_argument
 from cli.critical_path import _region
+from traceq import analyze
 from traceq import annotate as marking
 
 
@@ -26,6 +28,15 @@ from traceq import annotate as marking
     show_default=True,
     help="Mark the critical path (flows and args.critical on its events).",
 )
+@click.option(
+    "--findings/--no-findings",
+    "with_findings",
+    default=True,
+    show_default=True,
+    help="Mark each finding's ops and kernels (args.traceq_findings) with an instant marker.",
+)
+@click.option("--select", multiple=True, help="Rule codes or prefixes to run (as in analyze).")
+@click.option("--ignore", multiple=True, help="Rule codes or prefixes to skip.")
 @click.option("--step", type=int, help="Critical path of this ProfilerStep only.")
 @click.option("--annotation", help="Critical path of this annotation only.")
 @click.option("--instance", type=int, default=0, show_default=True)
@@ -34,13 +45,25 @@ def annotate(
     trace: str,
     out: str,
     with_path: bool,
+    with_findings: bool,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
     step: int | None,
     annotation: str | None,
     instance: int,
     window: tuple[int, int] | None,
 ) -> None:
     """Write a copy of TRACE for Perfetto UI / chrome://tracing with the critical path drawn
-    as flows (category critical_path) and `args.critical` set on its events."""
+    as flows (category critical_path), `args.critical` set on its events, and each finding's
+    events marked with `args.traceq_findings` and an instant marker."""
     region = _region(step, annotation, instance, window)
-    written = marking.annotate(load(trace), out, critical_path=with_path, region=region)
-    click.echo(f"wrote {written}")
+    loaded = load(trace)
+    findings = (
+        analyze(loaded, select=list(select) or None, ignore=list(ignore) or None)
+        if with_findings
+        else []
+    )
+    written = marking.annotate(
+        loaded, out, critical_path=with_path, findings=findings, region=region
+    )
+    click.echo(f"wrote {written} ({len(findings)} findings marked)")

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 import traceq
+import traceq.dataflow
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.finding import Finding
@@ -90,6 +92,38 @@ class MatmulBiasRelu(nn.Module):
         return torch.relu(x @ self.weight + self.bias)
 
 
+class SquareGlu(nn.Module):
+    """A SwiGLU whose hidden size equals its input size (K == N): every value is [ROWS, DIM]."""
+
+    def __init__(self, norm: bool = False) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM) if norm else nn.Identity()
+        self.gate = nn.Linear(DIM, DIM, bias=False)
+        self.up = nn.Linear(DIM, DIM, bias=False)
+        self.down = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x: Any) -> Any:
+        x = self.norm(x)
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class SquareChain(SquareGlu):
+    """Linear -> SiLU -> Linear with K == N: the chain a square GLU must not be read as."""
+
+    def forward(self, x: Any) -> Any:
+        return self.up(F.silu(self.gate(x)))
+
+
+class AddmmGelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(HIDDEN, DIM) / DIM**0.5)
+        self.bias = nn.Parameter(torch.zeros(HIDDEN))
+
+    def forward(self, x: Any) -> Any:
+        return torch._addmm_activation(self.bias, x, self.weight.t(), use_gelu=True)
+
+
 MODELS = {
     "gelu_new": GeluNewMlp,
     "silu_written": SiluWrittenMlp,
@@ -97,6 +131,10 @@ MODELS = {
     "chunk_swiglu": ChunkSwiglu,
     "gelu_new_glu": GeluNewGlu,
     "matmul_bias_relu": MatmulBiasRelu,
+    "square_glu": SquareGlu,
+    "norm_square_glu": lambda: SquareGlu(norm=True),
+    "square_chain": SquareChain,
+    "addmm_gelu": AddmmGelu,
 }
 
 
@@ -157,11 +195,6 @@ def test_clamp_min_zero_is_a_relu(recorded: Callable) -> None:
     assert found.evidence["op_names"] == ["aten::linear", "aten::clamp"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="traceq.dataflow gives multi-output views (chunk, split) no output shape, so "
-    "nothing reads a chunk yet; remove this mark when it does",
-)
 def test_a_glu_split_from_one_gemm_needs_only_the_fused_activation(recorded: Callable) -> None:
     trace = recorded("chunk_swiglu")
     (found,) = analyze(trace, "TQ103")
@@ -191,3 +224,58 @@ def test_an_activation_after_a_split_bias_is_still_the_gemms(recorded: Callable)
     assert act.evidence["op_names"] == ["aten::matmul", "aten::relu"]
     assert act.evidence["bias_add"] == bias.ops[1]
     assert analyze(trace, "TQ104") == []  # add and relu are reported by TQ101 and TQ102
+
+
+def edges_between(trace: traceq.Trace) -> set[tuple[str, str]]:
+    """Data-flow edges as (producer, consumer) op names, numbered in program order."""
+    ops = traceq.dataflow.dataflow_ops(trace).sort("ts_ns")
+    label = {
+        e: f"{n.removeprefix('aten::')}{i}"
+        for i, (e, n) in enumerate(ops.select("event", "name").iter_rows())
+    }
+    edges = traceq.dataflow.dataflow(trace, ops)
+    return {(label[p], label[c]) for p, c in edges.select("producer", "consumer").iter_rows()}
+
+
+def test_a_square_glus_up_projection_reads_the_gates_input(recorded: Callable) -> None:
+    # gate(x) and silu(gate(x)) have x's shape: shape matching alone would feed silu to up
+    assert edges_between(recorded("square_glu")) == {
+        ("linear0", "silu1"),
+        ("silu1", "mul3"),
+        ("linear2", "mul3"),
+        ("mul3", "linear4"),
+    }
+    edges = edges_between(recorded("norm_square_glu"))
+    assert {("layer_norm0", "linear1"), ("layer_norm0", "linear3")} <= edges
+    assert ("silu2", "linear3") not in edges
+
+
+def test_a_square_glu_is_tq103s_and_its_gemms_tq105s(recorded: Callable) -> None:
+    for name in ("square_glu", "norm_square_glu"):
+        trace = recorded(name)
+        (found,) = analyze(trace, "TQ103")
+        assert found.evidence["glu"] == "SwiGLU"
+        assert analyze(trace, "TQ102") == []
+        (parallel,) = analyze(trace, "TQ105")
+        assert sorted(parallel.ops) == sorted([found.evidence["gate"], found.evidence["up"]])
+
+
+def test_a_square_chain_stays_a_chain(recorded: Callable) -> None:
+    trace = recorded("square_chain")
+    assert ("silu1", "linear2") in edges_between(trace)
+    (found,) = analyze(trace, "TQ102")
+    assert found.evidence["next_gemm"] is not None
+    assert analyze(trace, "TQ103") == []
+
+
+def test_addmm_activation_on_the_cpu_is_a_split_gemm_and_activation(
+    recorded: Callable,
+) -> None:
+    # on the CPU `_addmm_activation` runs addmm, then `gelu_` on its output: no epilogue
+    trace = recorded("addmm_gelu")
+    (found,) = analyze(trace, "TQ102")
+    assert found.evidence["op_names"] == ["aten::_addmm_activation", "aten::gelu_"]
+    assert found.evidence["activation"] == "gelu"
+    gelu = trace.ops.filter(pl.col("name") == "aten::gelu_")
+    assert found.ops[1] == gelu["event"].item()
+    assert found.est_saving_us == pytest.approx(gelu["dur_ns"].item() / 1000)

@@ -184,15 +184,24 @@ def _signatures(top: pl.DataFrame) -> pl.DataFrame:
 # -- edges --------------------------------------------------------------------------------
 
 
-def dataflow(trace: Trace, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+def dataflow(
+    trace: Trace,
+    ops: pl.DataFrame | None = None,
+    execution_trace: pl.DataFrame | None = None,
+) -> pl.DataFrame:
     """Producer -> consumer edges between rows of `dataflow_ops` (pass them in if built).
 
     Columns: producer, consumer (event ids), producer_name, consumer_name, input_index
     (null for order-only edges), shape, confidence (0..1], evidence ("shape+order",
     "gemm-output-shape+same-module", "numel+order", "order", ...), inferred (True: Kineto
-    has no tensor ids).
+    has no tensor ids). With an `execution_trace` (`load_execution_trace`), the edges
+    into every op it pairs with are the exact ones instead ("tensor-id", inferred False).
     """
     ops = dataflow_ops(trace) if ops is None else ops
+    if execution_trace is not None:
+        from traceq.execution_trace import replace_inferred
+
+        return replace_inferred(dataflow(trace, ops), trace, execution_trace, ops)
     nodes = _numbered(ops)
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)

@@ -9,7 +9,9 @@ ranks them, and takes as many as it has inputs of that shape:
    ended (encapsulation), or when an op at its own module level replaced it (`x = f(x)`,
    `x = x.view(...)`); a hidden value is taken only when no live one fits;
    a GEMM that maps shape S to S is no candidate for another GEMM's input of shape S
-   (q/k/v and gate/up projections read one input; square GEMM chains are rare);
+   (q/k/v and gate/up projections read one input; square GEMM chains are rare), and
+   an up projection whose input and output one `mul` reads together reads what the gate
+   GEMM its input derives from read (a square GLU, `_sibling_gemm_reads`);
 2. a producer in the consumer's own module before one elsewhere;
 3. the most recent first.
 Producers go to inputs in program order (the earlier producer to the earlier argument),
@@ -86,7 +88,106 @@ def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame()
     first = _choose(candidates, earlier=None)
     chosen = _choose(candidates, earlier=first)
-    return _assign(chosen, inputs)
+    return _sibling_gemm_reads(_assign(chosen, inputs), nodes)
+
+
+def _sibling_gemm_reads(
+    edges: pl.DataFrame, nodes: pl.DataFrame, max_hops: int = 12
+) -> pl.DataFrame:
+    """Point the up projection of a square GLU (`act(gate(x)) * up(x)`, K == N) at `x`.
+
+    When the GEMMs map shape S to S, `act(gate(x))` is the most recent live value of shape
+    S when `up` runs, so shape matching gives it to `up` — the trace reads as the chain
+    `up(act(gate(x)))`. The `mul` that follows tells the two apart: it reads both the value
+    `up` was given and `up`'s result, which a chain would not. So where a `mul` reads a
+    GEMM C and C's input P, and P derives (through activation and pointwise ops) from an
+    earlier GEMM G that read a value of C's input shape, C reads what G read: G's input
+    edge (or nothing, for a graph input), instead of P. The limit: `h * W(h)` with
+    `h = act(W'(x))` and W, W' square is read as a GLU too; it is rarer than a GLU.
+    """
+    if edges.height == 0:
+        return edges
+    kinds = nodes.select("event", "kind", "_seq", "name")
+    pointwise = (opshapes.ACTIVATION, opshapes.ELEMENTWISE, opshapes.UNARY)
+    gemm_in = (
+        edges.join(kinds, left_on="consumer", right_on="event")
+        .filter(pl.col("kind") == opshapes.GEMM)
+        .select("producer", "consumer", "input_index", "shape")
+    )
+    muls = kinds.filter(pl.col("name").str.replace(r"^\w+::", "").str.contains(r"^mul_?(\.|$)"))
+    into_mul = edges.join(muls.select("event"), left_on="consumer", right_on="event", how="semi")
+    # C's input P and C's output both read by one mul
+    suspects = (
+        gemm_in.rename({"consumer": "gemm", "producer": "source"})
+        .join(
+            into_mul.select(pl.col("producer").alias("source"), pl.col("consumer").alias("mul")),
+            on="source",
+        )
+        .join(
+            into_mul.select(pl.col("producer").alias("gemm"), pl.col("consumer").alias("mul")),
+            on=["gemm", "mul"],
+            how="semi",
+        )
+        .select("gemm", "input_index", "shape", "source")
+        .unique()
+    )
+    if suspects.height == 0:
+        return edges
+    # walk back from P through pointwise ops to the first GEMM reading a value of shape S
+    back = edges.select("producer", "consumer").join(
+        kinds.select("event", "kind"), left_on="producer", right_on="event"
+    )
+    frontier = suspects.with_columns(pl.col("source").alias("_at"))
+    found = []
+    for _ in range(max_hops):
+        step = frontier.join(back, left_on="_at", right_on="consumer").filter(
+            pl.col("producer") != pl.col("gemm")
+        )
+        reached = step.filter(pl.col("kind") == opshapes.GEMM).select(
+            "gemm", "input_index", "shape", "source", pl.col("producer").alias("sibling")
+        )
+        found.append(reached)
+        frontier = (
+            step.filter(pl.col("kind").is_in(pointwise))
+            .select("gemm", "input_index", "shape", "source", pl.col("producer").alias("_at"))
+            .unique()
+        )
+        if frontier.height == 0:
+            break
+    siblings = pl.concat(found).unique()
+    sibling_inputs = (
+        nodes.select(pl.col("event").alias("sibling"), "data_inputs")
+        .explode("data_inputs")
+        .unnest("data_inputs")
+        .select("sibling", pl.col("index").alias("_sib_index"), pl.col("shape"))
+        .drop_nulls("shape")
+    )
+    rewired = siblings.join(sibling_inputs, on=["sibling", "shape"]).unique(
+        ["gemm", "input_index"], keep="first"
+    )
+    if rewired.height == 0:
+        return edges
+    # the sibling's own input edge, re-pointed at C
+    shared = rewired.join(
+        edges,
+        left_on=["sibling", "_sib_index"],
+        right_on=["consumer", "input_index"],
+    ).select(
+        pl.col("producer"),
+        pl.col("gemm").alias("consumer"),
+        "input_index",
+        "shape",
+        "confidence",
+        pl.concat_str(pl.col("evidence"), pl.lit("+sibling-gemm")).alias("evidence"),
+    )
+    kept = edges.join(
+        rewired.select(
+            pl.col("gemm").alias("consumer"), "input_index", pl.col("source").alias("producer")
+        ),
+        on=["consumer", "input_index", "producer"],
+        how="anti",
+    )
+    return pl.concat([kept, shared], how="vertical_relaxed")
 
 
 def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:

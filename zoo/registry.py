@@ -163,6 +163,20 @@ class Entry:
         }
 
 
+def reference_entry(pattern: str, fn: Callable[..., Any], description: str) -> Entry:
+    """The entry ``<pattern>.reference``: split eager PyTorch, every activation and dtype."""
+    return Entry(
+        name=f"{pattern}.reference",
+        pattern=pattern,
+        impl="reference",
+        fn=fn,
+        activations=tuple(ACTIVATIONS),
+        dtypes=DTYPES,
+        devices=("cpu", "cuda"),
+        description=description,
+    )
+
+
 def cuda_available() -> bool:
     """True when torch is importable and sees a CUDA device."""
     try:

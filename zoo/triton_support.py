@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from zoo.registry import Entry
 
 #: Whether the kernels defined by modules imported after this point run interpreted.
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -94,17 +98,8 @@ def autotuned(kernel: triton.JITFunction, configs_key: str) -> triton.runtime.Au
     return triton.autotune(configs=configs, key=key)(kernel)
 
 
-def _gemm_configs() -> list[triton.Config]:
-    shapes = [
-        (128, 256, 64, 8, 3),
-        (128, 128, 64, 4, 4),
-        (128, 128, 64, 8, 3),
-        (64, 256, 32, 4, 4),
-        (128, 64, 64, 4, 4),
-        (64, 128, 64, 4, 4),
-        (256, 128, 64, 8, 3),
-        (64, 64, 64, 4, 5),
-    ]
+def _configs(shapes: list[tuple[int, int, int, int, int]]) -> list[triton.Config]:
+    """Autotuning configs from (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) rows."""
     return [
         triton.Config(
             {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
@@ -115,30 +110,115 @@ def _gemm_configs() -> list[triton.Config]:
     ]
 
 
-def _dual_gemm_configs() -> list[triton.Config]:
-    # Two fp32 accumulators per program: tiles half the size of the single GEMM's.
-    shapes = [
-        (128, 128, 64, 8, 3),
-        (128, 64, 64, 4, 4),
-        (128, 64, 64, 8, 3),
-        (64, 128, 64, 4, 4),
-        (128, 128, 32, 8, 4),
-        (64, 64, 64, 4, 5),
-    ]
-    return [
-        triton.Config(
-            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-            num_warps=w,
-            num_stages=s,
-        )
-        for bm, bn, bk, w, s in shapes
-    ]
+_GEMM_SHAPES = [
+    (128, 256, 64, 8, 3),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 8, 3),
+    (64, 256, 32, 4, 4),
+    (128, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (256, 128, 64, 8, 3),
+    (64, 64, 64, 4, 5),
+]
 
+# Two fp32 accumulators per program: tiles half the size of the single GEMM's.
+_DUAL_GEMM_SHAPES = [
+    (128, 128, 64, 8, 3),
+    (128, 64, 64, 4, 4),
+    (128, 64, 64, 8, 3),
+    (64, 128, 64, 4, 4),
+    (128, 128, 32, 8, 4),
+    (64, 64, 64, 4, 5),
+]
 
 _AUTOTUNE_TABLES: dict[str, tuple[list[triton.Config], list[str]]] = {
-    "gemm": (_gemm_configs(), ["M", "N", "K", "HAS_BIAS", "ACT"]),
-    "dual_gemm": (_dual_gemm_configs(), ["M", "N", "K", "ACT"]),
+    "gemm": (_configs(_GEMM_SHAPES), ["M", "N", "K", "HAS_BIAS", "ACT"]),
+    "dual_gemm": (_configs(_DUAL_GEMM_SHAPES), ["M", "N", "K", "ACT"]),
 }
+
+
+def launch_gemm(
+    kernel: triton.JITFunction,
+    configs_key: str,
+    args: tuple[Any, ...],
+    flags: dict[str, Any],
+    m: int,
+    n: int,
+    k: int,
+) -> None:
+    """Launch a grouped-tile GEMM kernel over an [m, n] output with inner dimension k.
+
+    Interpreted: one config whose tiles are derived from the problem. On a GPU: the
+    autotuned variant from the ``configs_key`` table, its grid sized by the chosen tiles.
+    """
+    if INTERPRETED:
+        block_m, block_n, block_k = tile(m), tile(n), tile(k)
+        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+        kernel[grid](*args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8)
+    else:
+
+        def grid(meta: dict[str, int]) -> tuple[int]:
+            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+        autotuned(kernel, configs_key)[grid](*args, **flags)
+
+
+def triton_entry(
+    pattern: str,
+    fn: Callable[..., Any],
+    out_fn: Callable[..., Any],
+    description: str,
+) -> Entry:
+    """The zoo entry ``<pattern>.triton``: what every Triton entry supports and where."""
+    return Entry(
+        name=f"{pattern}.triton",
+        pattern=pattern,
+        impl="triton",
+        fn=fn,
+        out_fn=out_fn,
+        activations=("gelu", "gelu_tanh", "relu", "silu", "none"),
+        dtypes=TRITON_DTYPES,
+        devices=("cpu", "cuda"),
+        requires=requires_triton_device,
+        notes_on=device_notes(),
+        timed_on=timed_devices(),
+        description=description,
+    )
+
+
+@triton.jit
+def grouped_tile_offsets(
+    M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr
+):
+    """Row, column and K offsets of this program's output tile, program ids grouped along M.
+
+    The grouping is the Triton matmul tutorial's L2 swizzle: neighbouring programs share
+    weight tiles. Plain integer arithmetic instead of tl.cdiv, because each nested @jit call
+    costs the interpreter milliseconds per program (the compiled kernel nothing either way).
+    The offsets are int64: no int32 overflow on large tensors, and the interpreter skips its
+    per-operation overflow checks (which dominate its run time) for 64-bit integers.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    return offs_m, offs_n, offs_k
+
+
+@triton.jit
+def store_tile(y_ptr, y, offs_m, offs_n, M, N, stride_ym, stride_yn):
+    """Store the fp32 tile ``y`` at (offs_m, offs_n) in y's dtype, masked to [M, N]."""
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(
+        y_ptrs, y.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N)
+    )
 
 
 @triton.jit

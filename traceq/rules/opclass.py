@@ -410,10 +410,55 @@ def fusion_ops(ctx: Context) -> pl.DataFrame:
         if "concrete_inputs" not in ops.columns:
             concrete = ctx.trace.ops.select(pl.col("event").cast(pl.Int64), "concrete_inputs")
             ops = ops.join(concrete, on="event", how="left")
-        time = "gpu_ns" if ctx.device.kind == "gpu" else "cpu_ns"
-        return classify(ops).with_columns(pl.col(time).fill_null(0).alias("time_ns"))
+        gpu = ctx.device.kind == "gpu"
+        time = "gpu_ns" if gpu else "cpu_ns"
+        classified = classify(ops).with_columns(pl.col(time).fill_null(0).alias("time_ns"))
+        if gpu:
+            return classified
+        # on the CPU `_addmm_activation` runs `addmm` then `gelu_` / `relu_`: no epilogue
+        return classified.with_columns(
+            (pl.col("epilogue_act") & ~base_name("name").is_in(GEMM_WITH_ACTIVATION)).alias(
+                "epilogue_act"
+            )
+        )
 
     return ctx.cached("fusion.ops", build)
+
+
+def inner_activations(ctx: Context) -> pl.DataFrame:
+    """Activations a GEMM op runs as a child op of its own, unfused: on the CPU,
+    `_addmm_activation` calls `addmm` and then `gelu_` / `relu_` on its result, while on a
+    GPU cuBLASLt applies them in the epilogue. One row per child: `gemm` (the GEMM op's
+    event) and the child's `event`, `name` and `activation`, with the `fusion_ops` columns
+    (`DETAIL_COLUMNS`) a finding describes it by — its own CPU time, and the traffic of
+    reading and writing the GEMM's output once."""
+    ops = fusion_ops(ctx)
+    gemms = ops.filter(
+        base_name("name").is_in(GEMM_WITH_ACTIVATION) & ~pl.col("epilogue_act")
+    ).select(pl.exclude("name", "ts_ns", "time_ns", "kernel_events", "kernel_names"))
+    children = ctx.trace.ops.filter(
+        base_name("name").is_in(list(ACTIVATION_OPS))
+        & pl.col("parent").is_in(gemms["event"].implode())
+    ).select(
+        pl.col("event").cast(pl.Int64).alias("_child"),
+        "name",
+        "ts_ns",
+        pl.col("dur_ns").alias("time_ns"),
+        pl.col("parent").cast(pl.Int64).alias("event"),
+        base_name("name").replace_strict(ACTIVATION_OPS, default=None).alias("_activation"),
+    )
+    return (
+        children.join(gemms, on="event")
+        .with_columns(
+            pl.col("event").alias("gemm"),
+            pl.col("_child").alias("event"),
+            pl.col("_activation").alias("activation"),
+            pl.lit([], dtype=pl.List(pl.Int64)).alias("kernel_events"),
+            pl.lit([], dtype=pl.List(pl.String)).alias("kernel_names"),
+            (2 * numel(pl.col("output_shape")) * pl.col("itemsize")).alias("traffic_bytes"),
+        )
+        .select("gemm", "activation", *DETAIL_COLUMNS)
+    )
 
 
 def fusion_edges(ctx: Context) -> pl.DataFrame:

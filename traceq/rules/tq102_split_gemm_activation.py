@@ -18,9 +18,11 @@ import polars as pl
 from traceq.rules.base import Context, rule
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import (
+    DETAIL_COLUMNS,
     details,
     fusion_edges,
     fusion_ops,
+    inner_activations,
     located,
     mib,
     scaled_saving_us,
@@ -83,6 +85,33 @@ def split_activations(
     )
 
 
+def inner_splits(inner: pl.DataFrame, ops: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
+    """`split_activations` rows for activations a GEMM op runs as its own child op
+    (`inner_activations`: `_addmm_activation` on the CPU). The GEMM's output is the
+    activated tensor, so a GEMM reading it is the MLP's next layer; the pairing is certain
+    (confidence 1), not inferred from data flow."""
+    gemms = ops.filter(pl.col("role") == "gemm").select(pl.col("event").alias("consumer"))
+    next_gemm = (
+        edges.join(gemms, on="consumer")
+        .group_by("producer")
+        .agg(pl.col("consumer").min().alias("consumer_gemm"))
+    )
+    return (
+        inner.join(next_gemm, left_on="gemm", right_on="producer", how="left")
+        .select(
+            "gemm",
+            pl.concat_list("event").alias("act_ops"),
+            pl.col("gemm").alias("act_output"),
+            "activation",
+            pl.lit(False).alias("written_out"),
+            pl.lit(None, dtype=pl.Int64).alias("bias_add"),
+            "consumer_gemm",
+            pl.lit(1.0).alias("confidence"),
+        )
+        .sort("gemm")
+    )
+
+
 DEFAULTS = {"include_compiled": False, "min_confidence": 0.4, "min_saving_us": 0.0}
 
 
@@ -139,15 +168,26 @@ def check(ctx: Context) -> Iterator[Finding]:
     - PyTorch, `torch.compile` modes: https://pytorch.org/docs/stable/generated/torch.compile.html
     """
     ops = fusion_ops(ctx)
-    found = split_activations(
-        ops,
-        fusion_edges(ctx),
-        glu_ops(ctx),
-        min_confidence=ctx.options["min_confidence"],
-        include_compiled=ctx.options["include_compiled"],
+    edges = fusion_edges(ctx)
+    inner = inner_activations(ctx)
+    found = pl.concat(
+        [
+            split_activations(
+                ops,
+                edges,
+                glu_ops(ctx),
+                min_confidence=ctx.options["min_confidence"],
+                include_compiled=ctx.options["include_compiled"],
+            ),
+            inner_splits(inner, ops, edges),
+        ],
+        how="vertical_relaxed",
     )
     events = found.select(pl.concat_list("gemm", "act_ops").alias("e"))["e"].explode()
-    rows = details(ops, events.drop_nulls().to_list())
+    described = pl.concat(
+        [ops.select(DETAIL_COLUMNS), inner.select(DETAIL_COLUMNS)], how="vertical_relaxed"
+    )
+    rows = details(described, events.drop_nulls().to_list())
     for split in found.iter_rows(named=True):
         gemm = rows[split["gemm"]]
         act = [rows[e] for e in split["act_ops"]]

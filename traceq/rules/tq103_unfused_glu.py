@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from traceq.opshapes import MULTI_OUTPUT
 from traceq.rules.base import Context, rule
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import (
@@ -136,16 +137,16 @@ def glu_patterns(
         "activation",
         "written_out",
         pl.col("input_index").alias("act_index"),
-        pl.col("via").list.len().alias("act_via"),
         pl.min_horizontal("confidence", "act_confidence").alias("confidence"),
     )
+    splits = ops.filter(base_name("name").is_in(list(MULTI_OUTPUT)))["event"].to_list()
     from_up = trusted.join(
         gemm_info.select(pl.col("event").alias("producer")), on="producer"
     ).select(
         pl.col("consumer").alias("mul"),
         pl.col("producer").alias("up"),
         pl.col("input_index").alias("up_index"),
-        pl.col("via").list.len().alias("up_via"),
+        (pl.col("via").list.set_intersection(splits).list.len() > 0).alias("up_split"),
         pl.col("confidence").alias("up_confidence"),
     )
     x_source = trusted.join(
@@ -160,7 +161,10 @@ def glu_patterns(
         .join(side.rename(lambda c: f"gate_{c}"), left_on="gate", right_on="gate_event")
         .join(side.rename(lambda c: f"up_{c}"), left_on="up", right_on="up_event")
     )
-    one_gemm = (pl.col("gate") == pl.col("up")) & (pl.col("act_via") > 0) & (pl.col("up_via") > 0)
+    # one GEMM split in two (`gate, up = gate_up(x).chunk(2, -1)`): the up half reaches the
+    # mul through the split; the gate half reaches the activation through it, so the edge
+    # from the activation to the mul is direct
+    one_gemm = (pl.col("gate") == pl.col("up")) & pl.col("up_split")
     same_source = pl.col("gate_x_src") == pl.col("up_x_src")
     same_graph_input = (
         pl.col("gate_x_src").is_null()

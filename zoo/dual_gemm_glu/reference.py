@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.activations import activate
-from zoo.registry import ACTIVATIONS, DTYPES, Entry
+from zoo.registry import reference_entry
 
 
 def dual_gemm_glu_reference(
@@ -19,13 +19,6 @@ def dual_gemm_glu_reference(
     return activate(F.linear(x, w_gate), act) * F.linear(x, w_up)
 
 
-ENTRY = Entry(
-    name="dual_gemm_glu.reference",
-    pattern="dual_gemm_glu",
-    impl="reference",
-    fn=dual_gemm_glu_reference,
-    activations=tuple(ACTIVATIONS),
-    dtypes=DTYPES,
-    devices=("cpu", "cuda"),
-    description="split eager: x@Wg.T, x@Wu.T, act, * (four kernels)",
+ENTRY = reference_entry(
+    "dual_gemm_glu", dual_gemm_glu_reference, "split eager: x@Wg.T, x@Wu.T, act, * (four kernels)"
 )

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.activations import activate
-from zoo.registry import ACTIVATIONS, DTYPES, Entry
+from zoo.registry import reference_entry
 
 
 def gemm_bias_act_reference(
@@ -19,13 +19,8 @@ def gemm_bias_act_reference(
     return activate(F.linear(x, weight, bias), act)
 
 
-ENTRY = Entry(
-    name="gemm_bias_act.reference",
-    pattern="gemm_bias_act",
-    impl="reference",
-    fn=gemm_bias_act_reference,
-    activations=tuple(ACTIVATIONS),
-    dtypes=DTYPES,
-    devices=("cpu", "cuda"),
-    description="split eager: F.linear, then the activation as its own op",
+ENTRY = reference_entry(
+    "gemm_bias_act",
+    gemm_bias_act_reference,
+    "split eager: F.linear, then the activation as its own op",
 )

@@ -13,19 +13,16 @@ import torch
 import triton
 import triton.language as tl
 
-from zoo.registry import Entry
 from zoo.triton_support import (
     INTERPRETED,
-    TRITON_DTYPES,
     activate,
-    autotuned,
     check_device,
-    device_notes,
     dot_precision,
-    requires_triton_device,
+    grouped_tile_offsets,
+    launch_gemm,
     rows_2d,
-    tile,
-    timed_devices,
+    store_tile,
+    triton_entry,
 )
 
 
@@ -53,22 +50,7 @@ def gemm_bias_act_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    # Plain integer arithmetic instead of tl.cdiv: each nested @jit call costs the
-    # interpreter milliseconds per program, the compiled kernel nothing either way.
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    # int64 offsets: no int32 overflow on large tensors, and the interpreter skips its
-    # per-operation overflow checks (which dominate its run time) for 64-bit integers.
-    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    offs_m, offs_n, offs_k = grouped_tile_offsets(M, N, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     # W is [N, K] (nn.Linear layout): load its tile transposed, as [BLOCK_K, BLOCK_N].
     w_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
@@ -88,12 +70,7 @@ def gemm_bias_act_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
         acc += bias[None, :]
-    acc = activate(acc, ACT)
-
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    tl.store(
-        y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N)
-    )
+    store_tile(y_ptr, activate(acc, ACT), offs_m, offs_n, M, N, stride_ym, stride_yn)
 
 
 def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
@@ -152,18 +129,7 @@ def gemm_bias_act(
         "UPCAST": INTERPRETED,
         "PRECISION": dot_precision(x.dtype),
     }
-    if INTERPRETED:
-        block_m, block_n, block_k = tile(m), tile(n), tile(k)
-        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-        gemm_bias_act_kernel[grid](
-            *args, **flags, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8
-        )
-    else:
-
-        def grid(meta: dict[str, int]) -> tuple[int]:
-            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
-
-        autotuned(gemm_bias_act_kernel, "gemm")[grid](*args, **flags)
+    launch_gemm(gemm_bias_act_kernel, "gemm", args, flags, m, n, k)
     return y
 
 
@@ -180,17 +146,9 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-ENTRY = Entry(
-    name="gemm_bias_act.triton",
-    pattern="gemm_bias_act",
-    impl="triton",
-    fn=gemm_bias_act_triton,
-    out_fn=gemm_bias_act,
-    activations=("gelu", "gelu_tanh", "relu", "silu", "none"),
-    dtypes=TRITON_DTYPES,
-    devices=("cpu", "cuda"),
-    requires=requires_triton_device,
-    notes_on=device_notes(),
-    timed_on=timed_devices(),
-    description="Triton tiled GEMM; bias + activation on the fp32 accumulator, one store",
+ENTRY = triton_entry(
+    "gemm_bias_act",
+    gemm_bias_act_triton,
+    gemm_bias_act,
+    "Triton tiled GEMM; bias + activation on the fp32 accumulator, one store",
 )

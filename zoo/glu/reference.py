@@ -9,20 +9,11 @@ from __future__ import annotations
 import torch
 
 from zoo.activations import activate
-from zoo.registry import ACTIVATIONS, DTYPES, Entry
+from zoo.registry import reference_entry
 
 
 def glu_reference(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     return activate(gate, act) * up
 
 
-ENTRY = Entry(
-    name="glu.reference",
-    pattern="glu",
-    impl="reference",
-    fn=glu_reference,
-    activations=tuple(ACTIVATIONS),
-    dtypes=DTYPES,
-    devices=("cpu", "cuda"),
-    description="split eager: act(gate), then * up",
-)
+ENTRY = reference_entry("glu", glu_reference, "split eager: act(gate), then * up")

@@ -12,17 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from zoo.registry import Entry
 from zoo.triton_support import (
     INTERPRETED,
-    TRITON_DTYPES,
     activate,
     check_device,
-    device_notes,
-    requires_triton_device,
     rows_2d,
     tile,
-    timed_devices,
+    triton_entry,
 )
 
 #: Elements one GPU program handles: enough bytes in flight per SM to saturate HBM.
@@ -122,17 +118,9 @@ def _(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
 
 
-ENTRY = Entry(
-    name="glu.triton",
-    pattern="glu",
-    impl="triton",
-    fn=glu_triton,
-    out_fn=glu,
-    activations=("gelu", "gelu_tanh", "relu", "silu", "none"),
-    dtypes=TRITON_DTYPES,
-    devices=("cpu", "cuda"),
-    requires=requires_triton_device,
-    notes_on=device_notes(),
-    timed_on=timed_devices(),
-    description="Triton act(gate) * up in one pass; strided (chunked) halves allowed",
+ENTRY = triton_entry(
+    "glu",
+    glu_triton,
+    glu,
+    "Triton act(gate) * up in one pass; strided (chunked) halves allowed",
 )

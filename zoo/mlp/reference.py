@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from zoo.activations import activate
-from zoo.registry import ACTIVATIONS, DTYPES, Entry
+from zoo.registry import reference_entry
 
 
 def mlp_reference(
@@ -29,13 +29,6 @@ def mlp_reference(
     return F.linear(hidden, w_down, b_down)
 
 
-ENTRY = Entry(
-    name="mlp.reference",
-    pattern="mlp",
-    impl="reference",
-    fn=mlp_reference,
-    activations=tuple(ACTIVATIONS),
-    dtypes=DTYPES,
-    devices=("cpu", "cuda"),
-    description="split eager: Linear, act (and * up when gated), Linear",
+ENTRY = reference_entry(
+    "mlp", mlp_reference, "split eager: Linear, act (and * up when gated), Linear"
 )

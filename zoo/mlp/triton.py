@@ -12,13 +12,7 @@ import torch
 
 from zoo.dual_gemm_glu.triton import dual_gemm_glu
 from zoo.gemm_bias_act.triton import gemm_bias_act
-from zoo.registry import Entry
-from zoo.triton_support import (
-    TRITON_DTYPES,
-    device_notes,
-    requires_triton_device,
-    timed_devices,
-)
+from zoo.triton_support import triton_entry
 
 
 def mlp(
@@ -57,29 +51,13 @@ def mlp_triton(
 
 
 @mlp_triton.register_fake
-def _(
-    x: torch.Tensor,
-    w_gate: torch.Tensor | None,
-    w_up: torch.Tensor,
-    b_up: torch.Tensor | None,
-    w_down: torch.Tensor,
-    b_down: torch.Tensor | None,
-    act: str,
-) -> torch.Tensor:
+def _(x, w_gate, w_up, b_up, w_down, b_down, act):  # the op's signature, above
     return x.new_empty((*x.shape[:-1], w_down.shape[0]))
 
 
-ENTRY = Entry(
-    name="mlp.triton",
-    pattern="mlp",
-    impl="triton",
-    fn=mlp_triton,
-    out_fn=mlp,
-    activations=("gelu", "gelu_tanh", "relu", "silu", "none"),
-    dtypes=TRITON_DTYPES,
-    devices=("cpu", "cuda"),
-    requires=requires_triton_device,
-    notes_on=device_notes(),
-    timed_on=timed_devices(),
-    description="two Triton kernels: gemm_bias_act or dual_gemm_glu, then the down GEMM",
+ENTRY = triton_entry(
+    "mlp",
+    mlp_triton,
+    mlp,
+    "two Triton kernels: gemm_bias_act or dual_gemm_glu, then the down GEMM",
 )

@@ -1,0 +1,300 @@
+"""Exact data flow from a PyTorch Execution Trace (ET), the Kineto trace's companion file.
+
+`torch.profiler.ExecutionTraceObserver` records every op with the ids of the tensors it
+read and wrote; Kineto records none. So where an ET was recorded beside a trace, the
+producer of an op's input is a fact (the last op that wrote that tensor id before it), not
+a guess from shapes and order. This module reads the ET (`load_execution_trace`), pairs
+its nodes with the trace's ops (`match_ops`), and turns tensor ids into edges between the
+semantic ops of `dataflow_ops` (`tensor_edges`, `replace_inferred`).
+
+Pairing: an ET node's `rf_id` is the record-function id Kineto writes as `Record function
+id` (PyTorch >= 2.1) or, in older traces, as `External id`. The two counters can be offset
+per thread when the ET and the profiler did not start together, so each ET thread is
+paired at the offset where most op names agree, and a pair must agree on the name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import msgspec
+import numpy as np
+import polars as pl
+
+from traceq.errors import TraceFormatError
+from traceq.source import describe, read_bytes
+
+if TYPE_CHECKING:
+    from traceq.trace import Trace
+
+CONFIDENCE_EXACT = 1.0
+EVIDENCE = "tensor-id"
+VOTERS = 64
+"""ET nodes per thread that vote for the rf_id offset (enough to outvote repeated names)."""
+_TENSOR = pl.Struct({"index": pl.Int64, "tensor_id": pl.Int64})
+_SCHEMA = {
+    "et_id": pl.Int64,
+    "name": pl.String,
+    "parent": pl.Int64,
+    "rf_id": pl.Int64,
+    "tid": pl.Int64,
+    "inputs": pl.List(_TENSOR),
+    "outputs": pl.List(_TENSOR),
+}
+
+
+class ExecutionTraceError(TraceFormatError):
+    """The file is JSON, but not a PyTorch Execution Trace (no `nodes` with ids and names)."""
+
+
+def load_execution_trace(
+    src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None
+) -> pl.DataFrame:
+    """One row per ET node, with the tensors it read and wrote, for `tensor_edges`.
+
+    Columns: et_id (entry order: ids count up as ops start), name, parent (`ctrl_deps`),
+    rf_id, tid (the ET's thread number, not the OS one), inputs and outputs (lists of
+    {index: argument position, tensor_id}; tensor lists such as `cat`'s give one
+    entry per tensor at the list's position). Reads schema 1.0.x (top-level `rf_id`,
+    `parent`) and 1.1.x-chakra (`attrs`, `ctrl_deps`). Raises `TraceFileError` for an
+    unreadable file and `ExecutionTraceError` when the JSON is not an ET.
+    """
+    name = describe(src)
+    data = read_bytes(src, max_bytes=max_bytes)
+    try:
+        doc = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ExecutionTraceError(f"not JSON ({exc})", source=name) from None
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    if not isinstance(nodes, list):
+        raise ExecutionTraceError("no `nodes` list: not a PyTorch Execution Trace", source=name)
+    try:
+        rows = [_node_row(node) for node in nodes]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ExecutionTraceError(
+            f"malformed ET node ({type(exc).__name__}: {exc})", source=name
+        ) from None
+    return pl.DataFrame(rows, schema=_SCHEMA, orient="row").sort("et_id")
+
+
+def _node_row(node: dict[str, Any]) -> tuple[Any, ...]:
+    """One ET node as a row; the two schemas differ only in where fields live."""
+    attrs = {a["name"]: a["value"] for a in node.get("attrs", ())}
+    if isinstance(node["inputs"], dict):  # 1.1.x: {values, shapes, types}
+        inputs = _tensors(node["inputs"]["values"], node["inputs"]["types"])
+        outputs = _tensors(node["outputs"]["values"], node["outputs"]["types"])
+        parent = node.get("ctrl_deps")
+    else:  # 1.0.x: parallel lists
+        inputs = _tensors(node["inputs"], node["input_types"])
+        outputs = _tensors(node["outputs"], node["output_types"])
+        parent = node.get("parent")
+    schema = str(attrs.get("op_schema", node.get("op_schema", "")))
+    if "!" not in schema and not str(node["name"]).endswith("_"):
+        # An op that returns an input (`resolve_conj`, a no-op `to`) wrote nothing new;
+        # only a mutating one (`Tensor(a!)`, `add_`) writes the tensor it returns.
+        read = {t["tensor_id"] for t in inputs}
+        outputs = [t for t in outputs if t["tensor_id"] not in read]
+    rf_id = attrs.get("rf_id", node.get("rf_id"))
+    tid = attrs.get("tid", node.get("tid"))
+    return (int(node["id"]), str(node["name"]), parent, rf_id, tid, inputs, outputs)
+
+
+def _tensors(values: list[Any], types: list[str]) -> list[dict[str, Any]]:
+    """Tensor arguments as {index, tensor_id}; an ET tensor value is
+    [tensor_id, storage_id, offset, numel, itemsize, device]."""
+    found = []
+    for index, (value, kind) in enumerate(zip(values, types, strict=False)):
+        if kind.startswith("Tensor") and isinstance(value, list) and value:
+            found.append({"index": index, "tensor_id": int(value[0])})
+        elif kind.startswith("GenericList[Tensor") and isinstance(value, list):
+            found.extend(
+                {"index": index, "tensor_id": int(item[0])}
+                for item in value
+                if isinstance(item, list) and item
+            )
+    return found
+
+
+# -- pairing ET nodes with trace ops -------------------------------------------------------
+
+
+def match_ops(trace: Trace, et: pl.DataFrame) -> pl.DataFrame:
+    """Pairs of (event, et_id): trace op and ET node of one op call.
+
+    Key: Kineto's `Record function id` when the trace has it, else `External id`; per ET
+    thread, the offset between the counters is the one most of the first `VOTERS` nodes
+    agree on by name (0 when both were recorded together), and a pair must share the name.
+    Each op and each node is paired at most once.
+    """
+    key = (
+        "record_function_id"
+        if trace.ops["record_function_id"].null_count() < trace.ops.height
+        else "external_id"
+    )
+    ops = trace.ops.select(
+        pl.col("event").cast(pl.Int64),
+        "name",
+        pl.col("tid").alias("_ktid"),
+        pl.col(key).cast(pl.Int64).alias("_key"),
+    ).drop_nulls("_key")
+    nodes = et.select("et_id", "name", "rf_id", "tid").drop_nulls(["rf_id", "tid"])
+    if ops.height == 0 or nodes.height == 0:
+        return pl.DataFrame(schema={"event": pl.Int64, "et_id": pl.Int64})
+    voters = nodes.sort("rf_id").group_by("tid", maintain_order=True).head(VOTERS)
+    offsets = (
+        voters.join(ops, on="name")
+        .with_columns((pl.col("_key") - pl.col("rf_id")).alias("_offset"))
+        .group_by("tid", "_ktid", "_offset")
+        .len()
+        .with_columns(pl.col("_offset").abs().alias("_far"))
+        .sort(["len", "_far"], descending=[True, False])
+        .group_by("tid", maintain_order=True)
+        .first()
+        .select("tid", "_ktid", "_offset")
+    )
+    return (
+        nodes.join(offsets, on="tid")
+        .with_columns((pl.col("rf_id") + pl.col("_offset")).alias("_key"))
+        .join(ops, on=["_key", "name", "_ktid"])
+        .unique("event", keep="first")
+        .unique("et_id", keep="first")
+        .select("event", "et_id")
+        .sort("event")
+    )
+
+
+# -- edges -------------------------------------------------------------------------------
+
+
+def tensor_edges(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Exact producer -> consumer edges between `dataflow_ops` rows, from tensor ids.
+
+    The producer of a consumer's input is the semantic op enclosing the last ET node that
+    wrote that tensor id before the consumer started (ET ids count up in start order; a
+    node inside the consumer starts after it, so the consumer's own work never counts).
+    A write by an ET node the trace lacks still hides older writers, so a missing op
+    loses its edge instead of crediting a stale one; an edge whose producer starts after
+    its consumer in the trace (threads paired at different iterations) is dropped.
+    Same columns as `dataflow`, with confidence 1.0, evidence "tensor-id", inferred False.
+    """
+    from traceq.dataflow import _EDGE_SCHEMA, dataflow_ops
+
+    ops = dataflow_ops(trace) if ops is None else ops
+    nodes = _rooted(trace, et)
+    semantic = ops.select(pl.col("event").cast(pl.Int64))
+    consumers = nodes.filter(pl.col("event") == pl.col("root")).join(
+        semantic, on="event", how="semi"
+    )
+    reads = (
+        consumers.select(pl.col("event").alias("consumer"), pl.col("et_id").alias("_at"), "inputs")
+        .explode("inputs")
+        .drop_nulls("inputs")
+        .unnest("inputs")
+        .sort("_at")
+    )
+    writes = (
+        nodes.filter(pl.col("event").is_null() | pl.col("root").is_not_null())
+        .select(pl.col("root").alias("producer"), pl.col("et_id").alias("_at"), "outputs")
+        .explode("outputs")
+        .drop_nulls("outputs")
+        .select("producer", "_at", pl.col("outputs").struct.field("tensor_id"))
+        .sort("_at")
+    )
+    if reads.height == 0 or writes.height == 0:
+        return pl.DataFrame(schema=_EDGE_SCHEMA)
+    names = ops.select(pl.col("event").cast(pl.Int64), "name")
+    starts = ops.select(pl.col("event").cast(pl.Int64), pl.col("ts_ns").alias("_ts"))
+    return (
+        reads.join_asof(
+            writes,
+            on="_at",
+            by="tensor_id",
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+        .drop_nulls("producer")
+        .filter(pl.col("producer") != pl.col("consumer"))
+        .join(starts.rename({"event": "producer", "_ts": "_pts"}), on="producer")
+        .join(starts.rename({"event": "consumer", "_ts": "_cts"}), on="consumer")
+        .filter(pl.col("_pts") <= pl.col("_cts"))  # a pairing at the wrong iteration
+        .join(semantic.rename({"event": "producer"}), on="producer", how="semi")
+        .join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")
+        .join(names.rename({"event": "consumer", "name": "consumer_name"}), on="consumer")
+        .join(_input_shapes(ops), on=["consumer", "index"], how="left")
+        .select(
+            "producer",
+            "consumer",
+            "producer_name",
+            "consumer_name",
+            pl.col("index").alias("input_index"),
+            "shape",
+            pl.lit(CONFIDENCE_EXACT).alias("confidence"),
+            pl.lit(EVIDENCE).alias("evidence"),
+            pl.lit(False).alias("inferred"),
+        )
+        .cast(_EDGE_SCHEMA)
+        .unique(["producer", "consumer", "input_index"], maintain_order=True)
+        .sort("consumer", "input_index", "producer")
+    )
+
+
+def matched_consumers(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame) -> pl.Series:
+    """Events of the `dataflow_ops` rows the ET describes: their edges are all exact."""
+    nodes = _rooted(trace, et)
+    return (
+        nodes.filter(pl.col("event") == pl.col("root"))
+        .join(ops.select(pl.col("event").cast(pl.Int64)), on="event", how="semi")["event"]
+        .unique()
+        .sort()
+    )
+
+
+def replace_inferred(
+    edges: pl.DataFrame, trace: Trace, et: pl.DataFrame, ops: pl.DataFrame
+) -> pl.DataFrame:
+    """`edges` (inferred) with every edge into an ET-matched op replaced by the exact ones.
+
+    An op the ET pairs with keeps only tensor-id edges, even none (it read only
+    parameters or inputs made before the trace): the ET is the fact. Ops it does not pair
+    with (outside its window, or a thread it did not record) keep their inferred edges.
+    """
+    matched = matched_consumers(trace, et, ops)
+    exact = tensor_edges(trace, et, ops)
+    kept = edges.filter(~pl.col("consumer").is_in(matched.implode()))
+    return pl.concat([kept, exact.select(edges.columns)]).sort(
+        "consumer", "input_index", "producer", nulls_last=True
+    )
+
+
+def _rooted(trace: Trace, et: pl.DataFrame) -> pl.DataFrame:
+    """ET nodes with their trace op (`event`, null if unpaired) and its semantic root
+    (null when the op is not inside a semantic op, e.g. an autograd node)."""
+    from traceq.dataflow import semantic_root
+
+    ordered = trace.ops.sort("event")
+    root = semantic_root(ordered)
+    events = ordered["event"].cast(pl.Int64)
+    roots = pl.DataFrame(
+        {
+            "event": events,
+            "root": pl.Series(np.where(root >= 0, events.to_numpy()[np.maximum(root, 0)], -1)),
+        }
+    ).with_columns(pl.when(pl.col("root") >= 0).then(pl.col("root")).alias("root"))
+    return (
+        et.select("et_id", "inputs", "outputs")
+        .join(match_ops(trace, et), on="et_id", how="left")
+        .join(roots, on="event", how="left")
+    )
+
+
+def _input_shapes(ops: pl.DataFrame) -> pl.DataFrame:
+    """Shape of each recorded input of each op (Kineto's `Input Dims`), by position."""
+    return (
+        ops.select(pl.col("event").cast(pl.Int64).alias("consumer"), "shapes")
+        .drop_nulls("shapes")
+        .with_columns(pl.int_ranges(pl.col("shapes").list.len()).alias("index"))
+        .explode("shapes", "index")
+        .select("consumer", pl.col("index").cast(pl.Int64), pl.col("shapes").alias("shape"))
+    )

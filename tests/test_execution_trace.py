@@ -201,3 +201,15 @@ def test_ops_the_et_lacks_keep_inferred_edges(geglu_pair: tuple[Path, Path]) -> 
     assert names[into_down["producer"].item()] == "mul"
     assert not edges.filter(pl.col("consumer") != down)["inferred"].any()
     assert tensor_edges(trace, partial).height == 3
+
+
+def test_trace_with_execution_trace_gives_the_same_exact_edges(
+    geglu_pair: tuple[Path, Path],
+) -> None:
+    et_path, kineto_path = geglu_pair
+    trace = traceq.load(kineto_path)
+    via_trace = trace.with_execution_trace(et_path)
+    direct = dataflow(trace, execution_trace=load_execution_trace(et_path))
+    key = ["producer", "consumer"]
+    assert via_trace.select(key).sort(key).equals(direct.select(key).sort(key))
+    assert set(via_trace["evidence"]) == {"tensor-id"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -171,6 +172,14 @@ class Trace:
         from traceq.dataflow import dataflow
 
         return dataflow(self, self.dataflow_ops)
+
+    def with_execution_trace(self, src: str | os.PathLike[str]) -> pl.DataFrame:
+        """Data-flow edges made exact by an Execution Trace recorded beside this trace:
+        ops the ET pairs with get tensor-id edges; the others keep inferred ones."""
+        from traceq.dataflow import dataflow
+        from traceq.execution_trace import load_execution_trace
+
+        return dataflow(self, self.dataflow_ops, execution_trace=load_execution_trace(src))
 
     @cached_property
     def graph(self) -> Any:

@@ -279,3 +279,4 @@ def test_addmm_activation_on_the_cpu_is_a_split_gemm_and_activation(
     gelu = trace.ops.filter(pl.col("name") == "aten::gelu_")
     assert found.ops[1] == gelu["event"].item()
     assert found.est_saving_us == pytest.approx(gelu["dur_ns"].item() / 1000)
+    assert "fuses only on CUDA" in found.fix  # not "use _addmm_activation" for that op

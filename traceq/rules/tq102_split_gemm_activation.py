@@ -220,7 +220,13 @@ def check(ctx: Context) -> Iterator[Finding]:
             "use_gelu=...)` (cuBLASLt; ReLU/GELU), `torch.compile(mode='max-autotune')`, or "
             "the zoo's `gemm_bias_act`"
         )
-        if split["written_out"]:
+        if gemm["name"] == "aten::_addmm_activation":
+            fix = (
+                "`torch._addmm_activation` fuses only on CUDA (cuBLASLt epilogue); on the CPU "
+                "it runs `addmm`, then the activation. Compile the block with `torch.compile`, "
+                "or run it on the GPU, or use the zoo's `gemm_bias_act`"
+            )
+        elif split["written_out"]:
             fix = f"Replace the written-out {split['activation']} with one op (`F.gelu(x, " + (
                 "approximate='tanh')` / `F.silu`), then: " + fix[0].lower() + fix[1:]
             )

@@ -1,19 +1,17 @@
 """Decodes trace bytes into the top-level metadata and one Polars frame of raw events.
 
-msgspec validates the JSON, splits `traceEvents` into raw slices and decodes each batch of
-them in one typed pass (the format's types checked there); the fields become Polars columns,
-and the raw texts of `ts`, `dur` and `args` are joined into lines that Polars parses in Rust.
-Timestamps are rebuilt from their exact decimal text whenever float64 would round them, so
-`ts_ns`/`dur_ns` are exact integer nanoseconds. Every entry of `traceEvents` becomes one
+The hot path creates no Python object per field: msgspec validates the JSON and splits
+`traceEvents` into raw slices, the slices are joined into NDJSON, and Polars parses them in
+Rust. Timestamps are rebuilt from their exact decimal text whenever float64 would round them,
+so `ts_ns`/`dur_ns` are exact integer nanoseconds. Every entry of `traceEvents` becomes one
 row of the frame (its position is the `event` column): nothing is dropped here.
 """
 
 from __future__ import annotations
 
-import gc
+import io
 import re
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -48,7 +46,14 @@ EXACT_FLOAT_LIMIT_US = float(2**43)
 TIMED_PHASES = ("X", "B", "E", "i", "I", "C", "s", "t", "f", "b", "e", "n", "O", "N", "D")
 # NUL cannot occur in valid JSON, so it separates events; newlines inside events go.
 _TO_NDJSON = bytes.maketrans(b"\n\r\x00", b"  \n")
+# What Polars writes when a string field held another JSON type: check those rows strictly.
+_SUSPECT_TEXT = (
+    r'^(?:-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|\{\s*(?:".*|\})'
+    r'|\[\s*(?:"|-?\d|\[|\{|\]|true|false|null).*)$'
+)
 _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
+# `pid`/`tid` text that may have been another JSON type: an object, a list, a bool, a float.
+_SUSPECT_ID = r"^(?:[\[{]|true$|false$|-?\d+(?:\.\d*)?(?:[eE]|\.))"
 _BLANK = re.compile(rb"\s*\Z")
 _BOM = b"\xef\xbb\xbf"
 _JSON_TYPES = {
@@ -62,9 +67,6 @@ _JSON_TYPES = {
 }
 # Times in ns must fit in int64 even as ts + dur: 4e15 us is the year 2096 in epoch time.
 MAX_TIME_US = 4e15
-_ABSENT = msgspec.Raw(b"")
-# Fields the format types as strings: decoded as `str | None`, so anything else is rejected.
-_TYPED_TEXT = ("ph", "cat", "name")
 
 
 class _StrictEvent(msgspec.Struct):
@@ -80,42 +82,25 @@ class _StrictEvent(msgspec.Struct):
     args: dict[str, Any] | None = None
 
 
-class _Event(msgspec.Struct, gc=False):
-    """One event as decoded: the format's types, the exact text of times and `args`, and
-    the fields it leaves untyped as whatever JSON value they hold. Other keys are ignored."""
+class _Fields(msgspec.Struct, gc=False):
+    """The exact JSON text of the fields Polars cannot keep exactly."""
 
-    ph: str | None = None
-    cat: str | None = None
-    name: str | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: msgspec.Raw = _ABSENT
-    dur: msgspec.Raw = _ABSENT
-    tts: float | None = None
-    tdur: float | None = None
-    id: Any = None
-    id2: Any = None
-    bind_id: Any = None
-    bp: Any = None
-    s: Any = None
-    scope: Any = None
-    cname: Any = None
-    sf: Any = None
-    stack: Any = None
-    args: msgspec.Raw = _ABSENT
+    ts: msgspec.Raw = msgspec.Raw(b"")
+    dur: msgspec.Raw = msgspec.Raw(b"")
+    args: msgspec.Raw = msgspec.Raw(b"")
 
 
 @dataclass
 class _Texts:
-    """Per batch, the exact `ts` and `dur` texts of its events (null where absent)."""
+    """Per batch, the `ts` and `dur` texts of its events, one line each (empty if absent)."""
 
-    ts: list[pl.Series] = field(default_factory=list)
-    dur: list[pl.Series] = field(default_factory=list)
+    ts: list[bytes] = field(default_factory=list)
+    dur: list[bytes] = field(default_factory=list)
 
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
 _EVENT_SLICES = msgspec.json.Decoder(list[msgspec.Raw])
-_EVENTS = msgspec.json.Decoder(list[_Event])
+_FIELDS = msgspec.json.Decoder(list[_Fields])
 _STRICT = msgspec.json.Decoder(_StrictEvent)
 
 
@@ -162,7 +147,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
             ) from None
     events, texts = _parse_events(slices)
     events = _with_exact_times(events, texts)
-    _validate(events)
+    _validate(events, slices)
     return Decoded(metadata=metadata, events=events)
 
 
@@ -195,81 +180,26 @@ def _json_problem(message: str, buf: bytes | bytearray | memoryview) -> str:
 
 
 def _parse_events(slices: list[msgspec.Raw]) -> tuple[pl.DataFrame, _Texts]:
-    """One row per event, from one typed msgspec pass per batch; `args` is the event's own
-    JSON text (a re-serialization would be lossy: unescaped keys, 1.0 written as 1). Also
-    returns the exact text of every `ts` and `dur`, for when floats are not enough."""
+    """One row per event; `args` is the event's own JSON text (Polars would re-serialize it
+    lossily: unescaped keys and backslashes, 1.0 written as 1). Also returns the exact text
+    of every `ts` and `dur`, for when floats are not enough."""
     frames, texts = [], _Texts()
-    collecting = gc.isenabled()
-    gc.disable()  # millions of short-lived objects, none of them in a cycle
-    try:
-        for start in range(0, len(slices), BATCH):
-            batch = slices[start : start + BATCH]
-            try:
-                parsed = _EVENTS.decode(b"[" + b",".join(batch) + b"]")
-            except msgspec.DecodeError as exc:
-                raise _explain(batch, start, exc) from None
-            times = {key: _time_text(parsed, key, batch, start) for key in ("ts", "dur")}
-            frames.append(_columns(parsed, times, start))
-            texts.ts.append(times["ts"])
-            texts.dur.append(times["dur"])
-            del parsed
-    finally:
-        if collecting:
-            gc.enable()
+    for start in range(0, len(slices), BATCH):
+        batch = slices[start : start + BATCH]
+        ndjson = b"\x00".join(batch).translate(_TO_NDJSON)
+        try:
+            frame = pl.read_ndjson(io.BytesIO(ndjson), schema=EVENT_SCHEMA)
+            fields = _FIELDS.decode(b"[" + b",".join(batch) + b"]")
+        except (pl.exceptions.PolarsError, msgspec.DecodeError) as exc:
+            raise _explain(batch, start, exc) from None
+        args = b"\x00".join([f.args for f in fields]).translate(_TO_NDJSON)
+        frames.append(frame.with_columns(_args_column(args, start, len(batch))))
+        texts.ts.append(b"\n".join([f.ts for f in fields]))
+        texts.dur.append(b"\n".join([f.dur for f in fields]))
     if not frames:
         empty = pl.DataFrame(schema={**EVENT_SCHEMA, "args": pl.String()})
         return empty.with_row_index("event"), texts
     return pl.concat(frames, rechunk=False).with_row_index("event"), texts
-
-
-def _time_text(parsed: list[_Event], key: str, batch: list[msgspec.Raw], start: int) -> pl.Series:
-    """The exact text of one time field (null where absent); rejects what is no number."""
-    text = _lines(_ndjson(list(map(attrgetter(key), parsed))).decode(), len(parsed))
-    text = text.replace("null", None)
-    us = text.cast(pl.Float64, strict=False)
-    bad = text.is_not_null() & ~us.is_finite().fill_null(False)
-    if bad.any():
-        offset = bad.arg_true()[0]
-        try:
-            _STRICT.decode(batch[offset])
-        except msgspec.DecodeError as err:
-            where = str(err).replace("`$.", "'").replace("`", "'")
-            raise TraceSchemaError(f"event {start + offset}: {where}") from None
-        raise TraceSchemaError(f"event {start + offset}: '{key}' is not a number")
-    return text
-
-
-def _columns(parsed: list[_Event], times: dict[str, pl.Series], start: int) -> pl.DataFrame:
-    """The batch's fields as columns, in `EVENT_SCHEMA` order; `ts`/`dur` as floats."""
-    columns: dict[str, pl.Series] = {}
-    for key, dtype in EVENT_SCHEMA.items():
-        if key in times:
-            columns[key] = times[key].cast(pl.Float64).alias(key)
-            continue
-        values = list(map(attrgetter(key), parsed))
-        if dtype == pl.Float64 or key in _TYPED_TEXT:
-            columns[key] = pl.Series(key, values, dtype=dtype)
-        else:
-            columns[key] = _text_series(key, values)
-    args = _ndjson([e.args for e in parsed])
-    columns["args"] = _args_column(args, start, len(parsed))
-    return pl.DataFrame(columns)
-
-
-def _text_series(key: str, values: list[Any]) -> pl.Series:
-    """Text of a field the format leaves untyped: strings as they are, numbers as written
-    (ints by Python, as JSON has them), anything else as compact JSON."""
-    if values.count(None) == len(values):
-        return pl.Series(key, values, dtype=pl.String)
-    if set(map(type, values)) <= {str, int, type(None)}:
-        return pl.Series(key, values, dtype=pl.String, strict=False)
-    text = [v if v is None or type(v) is str else msgspec.json.encode(v).decode() for v in values]
-    return pl.Series(key, text, dtype=pl.String)
-
-
-def _ndjson(raws: list[msgspec.Raw]) -> bytes:
-    """One line per raw JSON text; NUL cannot occur in valid JSON, newlines inside go."""
-    return b"\x00".join(raws).translate(_TO_NDJSON)
 
 
 def _args_column(text: bytes, start: int, n: int) -> pl.Series:
@@ -306,8 +236,9 @@ def _with_exact_times(events: pl.DataFrame, texts: _Texts) -> pl.DataFrame:
     )
     needs_text = _floats_may_round(events, texts)
     if needs_text:
-        ts_text = pl.concat(texts.ts, rechunk=False)
-        dur_text = pl.concat(texts.dur, rechunk=False)
+        n = events.height
+        ts_text = _lines(b"\n".join(texts.ts).decode(), n)
+        dur_text = _lines(b"\n".join(texts.dur).decode(), n)
         times = pl.DataFrame({"ts": ts_text, "dur": dur_text}).select(
             _decimal_us_to_ns(pl.col("ts")).alias("ts_ns"),
             _decimal_us_to_ns(pl.col("dur")).alias("dur_ns"),
@@ -332,7 +263,9 @@ def _floats_may_round(events: pl.DataFrame, texts: _Texts) -> bool:
     peak = events.select(pl.max_horizontal(c.abs().max() for c in time)).item() or 0.0
     if peak < EXACT_FLOAT_LIMIT_US:
         return False
-    return any(chunk.str.contains(r"[.eE]").any() for chunk in (*texts.ts, *texts.dur))
+    return any(
+        marker in chunk for chunk in (*texts.ts, *texts.dur) for marker in (b".", b"e", b"E")
+    )
 
 
 def _lines(text: str, n: int) -> pl.Series:
@@ -363,7 +296,7 @@ def _float_us_to_ns(us: pl.Expr) -> pl.Expr:
     return whole.cast(pl.Int64) * 1000 + ((us - whole) * 1000).round().cast(pl.Int64)
 
 
-def _validate(events: pl.DataFrame) -> None:
+def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
     """Reject what no reader could interpret: the format's required fields and types."""
     _require(events, pl.col("ph").is_null(), "has no 'ph' (event phase)")
     timed = pl.col("ph").is_in(TIMED_PHASES)
@@ -381,6 +314,18 @@ def _validate(events: pl.DataFrame) -> None:
     )
     for key in ("name", "cat", "ph"):
         _require(events, pl.col(key).str.contains(_CONTROL), f"has a control character in '{key}'")
+    suspects = events.filter(
+        pl.any_horizontal(
+            *(pl.col(f).str.contains(_SUSPECT_TEXT) for f in ("name", "cat", "ph")),
+            *(pl.col(f).str.contains(_SUSPECT_ID) for f in ("pid", "tid")),
+        )
+    )["event"]
+    for event in suspects.to_list():
+        try:
+            _STRICT.decode(slices[event])
+        except msgspec.DecodeError as err:
+            where = str(err).replace("`$.", "'").replace("`", "'")
+            raise TraceSchemaError(f"event {event}: {where}") from None
 
 
 def _require(events: pl.DataFrame, bad: pl.Expr, problem: str) -> None:

@@ -44,17 +44,18 @@ def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
     schema = {key: pl.String() for key in fields}
     if args.len() == 0:
         return pl.DataFrame(schema=schema).rename(fields)
-    text = args.fill_null("{}").str.join("\n").item()
-    return pl.read_ndjson(text.encode(), schema=schema).rename(fields)
+    text = args.fill_null("{}").str.join("\n").cast(pl.Binary).item()  # no str round trip
+    return pl.read_ndjson(text, schema=schema).rename(fields)
 
 
 def as_int(column: str) -> pl.Expr:
     """Integer from text such as '7', 'stream 7' or '3.0'; null when there is none."""
     text = pl.col(column).str.strip_chars()
     plain = text.cast(pl.Int64, strict=False)
-    trailing = text.str.extract(r"(-?\d+)$").cast(pl.Int64, strict=False)
+    rest = pl.when(plain.is_null()).then(text)  # the slower readings only where needed
+    trailing = rest.str.extract(r"(-?\d+)$").cast(pl.Int64, strict=False)
     return pl.coalesce(
-        plain, text.cast(pl.Float64, strict=False).cast(pl.Int64, strict=False), trailing
+        plain, rest.cast(pl.Float64, strict=False).cast(pl.Int64, strict=False), trailing
     )
 
 

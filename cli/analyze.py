@@ -32,7 +32,7 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path())
 @click.option("--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)")
 @click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")
 @click.option(

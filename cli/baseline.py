@@ -14,7 +14,7 @@ def baseline() -> None:
 
 
 @baseline.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path())
 @click.option(
     "-o",
     "--output",

@@ -13,11 +13,11 @@ from traceq.regression.render import FORMATS, render_check
 
 
 @click.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path())
 @click.option(
     "--baseline",
     "baseline_path",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     required=True,
     help="a baseline from `traceq baseline save`, or a full trace",
 )

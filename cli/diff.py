@@ -12,8 +12,8 @@ from traceq.regression.render import FORMATS, TOP, render_diff
 
 
 @click.command()
-@click.argument("base", type=click.Path(dir_okay=False))
-@click.argument("new", type=click.Path(dir_okay=False))
+@click.argument("base", type=click.Path())
+@click.argument("new", type=click.Path())
 @click.option(
     "--by",
     type=click.Choice(BY),

@@ -114,17 +114,17 @@ class Context:
 
     @property
     def ops(self) -> pl.DataFrame:
-        """Semantic ops (`traceq.dataflow.dataflow_ops`): top-level aten ops + fused kernels."""
-        from traceq.dataflow import dataflow_ops
+        """Semantic ops (`traceq.dataflow.dataflow_ops`): top-level aten ops + fused kernels.
 
-        return self.cached("dataflow_ops", lambda: dataflow_ops(self.trace))
+        Taken from the trace's own cache, so `trace.dataflow_ops` and repeated analyses
+        share one computation."""
+        return self.cached("dataflow_ops", lambda: self.trace.dataflow_ops)
 
     @property
     def edges(self) -> pl.DataFrame:
-        """Producer → consumer tensor edges between semantic ops (`traceq.dataflow.dataflow`)."""
-        from traceq.dataflow import dataflow
-
-        return self.cached("dataflow_edges", lambda: dataflow(self.trace, self.ops))
+        """Producer → consumer tensor edges between semantic ops (`traceq.dataflow.dataflow`),
+        from the trace's own cache like `ops`."""
+        return self.cached("dataflow_edges", lambda: self.trace.dataflow)
 
     @property
     def kernel_names(self) -> pl.DataFrame:

@@ -25,7 +25,7 @@ def baseline() -> None:
 @click.option(
     "--findings/--no-findings",
     default=None,
-    help="store the analyzer's findings (default: when the analyzer is installed)",
+    help="store the analyzer's findings (default: yes)",
 )
 def save(trace: str, output: str, findings: bool | None) -> None:
     """Write a versioned JSON baseline of TRACE: per-step times, per-kernel/op/module

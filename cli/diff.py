@@ -32,7 +32,7 @@ from traceq.regression.render import FORMATS, TOP, render_diff
 @click.option(
     "--findings/--no-findings",
     default=None,
-    help="diff the analyzer's findings (default: when the analyzer is installed)",
+    help="diff the analyzer's findings (default: yes)",
 )
 def diff(base: str, new: str, by: str, fmt: str, top: int, findings: bool | None) -> None:
     """Compare NEW with BASE: per-group time and counts, fusions, dispatch changes, findings.

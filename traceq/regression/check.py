@@ -119,8 +119,8 @@ def check(
     `Summary`); see the module docstring for what is checked and when it fails."""
     limit = parse_ratio(max_regress)
     base = _summary(baseline, findings=fail_on_new_findings)
-    # Findings cost an analysis: run it when asked to fail on them, or (if the analyzer is
-    # installed) when the baseline has findings to report against.
+    # Findings cost an analysis: run it when asked to fail on them, or when the baseline
+    # has findings to report against.
     wanted = True if fail_on_new_findings else (None if base.findings is not None else False)
     new = _summary(trace, findings=wanted)
     if fail_on_new_findings and base.findings is None:

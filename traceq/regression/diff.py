@@ -118,7 +118,7 @@ def diff(
     findings: bool | None = None,
 ) -> Diff:
     """Compare two traces or summaries, grouped `by` 'op' (default), 'kernel', 'module' or
-    'step'. `findings` as in `summarize` (None: when the analyzer is installed)."""
+    'step'. `findings` as in `summarize` (False: leave findings out)."""
     b, n = as_summary(base, findings), as_summary(new, findings)
     by = by or "op"
     if by not in BY:

@@ -9,19 +9,16 @@ whitelist of the trace's metadata (device, dtype, versions), never its free-form
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from traceq.analyze import analyze
 from traceq.regression import groups as G
 from traceq.regression.dispatch import implementations
-from traceq.regression.errors import RegressionError
 from traceq.trace import Trace
-
-log = logging.getLogger(__name__)
 
 # Top-level trace keys a baseline may copy: versions of the stack that produced the trace.
 VERSION_KEYS = (
@@ -111,8 +108,8 @@ class Summary:
 
 
 def summarize(trace: Trace, findings: bool | None = None) -> Summary:
-    """A trace's `Summary`. `findings`: True runs the analyzer (an error if it is missing),
-    None runs it when it is installed, False skips it."""
+    """A trace's `Summary`. `findings`: False skips the analyzer (the summary then holds no
+    findings); True or None run it."""
     semantic = G.semantic_ops(trace.ops)
     rows = G.timed_rows(trace, semantic)
     steps = G.step_table(trace.steps, rows)
@@ -125,7 +122,7 @@ def summarize(trace: Trace, findings: bool | None = None) -> Summary:
         groups=G.group_times(rows),
         dispatch=implementations(trace, semantic),
         metadata=trace_metadata(trace),
-        findings=analyze_findings(trace, required=findings) if findings is not False else None,
+        findings=analyze_findings(trace) if findings is not False else None,
         source=trace.source,
     )
 
@@ -143,13 +140,6 @@ def trace_metadata(trace: Trace) -> dict[str, Any]:
     }
 
 
-def analyze_findings(trace: Trace, required: bool | None) -> list[dict[str, Any]] | None:
-    """The analyzer's findings as dicts; None when it is not installed and not `required`."""
-    try:
-        from traceq.analyze import analyze
-    except ImportError as exc:
-        if required:
-            raise RegressionError(f"findings need the analyzer (traceq.analyze): {exc}") from None
-        log.info("traceq.analyze is not available: summarizing without findings")
-        return None
+def analyze_findings(trace: Trace) -> list[dict[str, Any]]:
+    """The analyzer's findings as dicts, as a baseline stores them."""
     return [finding.to_dict() for finding in analyze(trace)]

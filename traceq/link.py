@@ -56,12 +56,27 @@ def nest_ops(ops: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _parent_positions(nested: pl.DataFrame) -> np.ndarray:
+    """The `parent` event ids `nest_ops` wrote, as row positions (-1: none): the nesting
+    is already known, so it is not computed again."""
+    positions = nested.select(pl.col("event").cast(pl.Int64).alias("parent")).with_row_index()
+    return (
+        nested.select("parent")
+        .join(positions, on="parent", how="left", maintain_order="left")["index"]
+        .cast(pl.Int64)
+        .fill_null(NONE)
+        .to_numpy()
+    )
+
+
 def enclosing_op(rows: pl.DataFrame, ops: pl.DataFrame) -> pl.Series:
-    """Event id of the innermost op enclosing each row on its thread (runtime calls, ...)."""
+    """Event id of the innermost op enclosing each row on its thread (runtime calls, ...).
+
+    `ops` is the output of `nest_ops`."""
     if rows.height == 0:
         return pl.Series([], dtype=pl.Int64)
     row_group, op_group = _groups(rows, ops)
-    op_parent = parents(*_intervals(ops, op_group))
+    op_parent = _parent_positions(ops)
     found = enclosing(_intervals(rows, row_group), _intervals(ops, op_group), op_parent)
     return _events_at(ops, found)
 

@@ -340,19 +340,45 @@ def _stack_edges(cpu: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+NO_EVENT = pl.lit(None, dtype=pl.Int64)
+SYNC = pl.lit("sync_wait")
+
+
+def _edge(
+    src: tuple[pl.Expr, bool],
+    dst: tuple[pl.Expr, bool],
+    kind: str,
+    cause: pl.Expr,
+    event: pl.Expr,
+    weight: pl.Expr,
+) -> list[pl.Expr]:
+    """The columns every edge frame shares: from (event, at its start?) to (event, at its
+    start?), the edge type, its cause, the event its weight is charged to, the weight."""
+    return [
+        src[0].alias("src_event"),
+        pl.lit(src[1]).alias("src_start"),
+        dst[0].alias("dst_event"),
+        pl.lit(dst[1]).alias("dst_start"),
+        pl.lit(kind).alias("type"),
+        cause.alias("cause"),
+        event.alias("event"),
+        weight.alias("weight_ns"),
+    ]
+
+
 def _gpu_edges(trace: Trace, cpu: pl.DataFrame, gpu: pl.DataFrame) -> list[pl.DataFrame]:
     """Span, launch-delay / kernel-kernel-delay and sync edges of the GPU activities."""
     if gpu.height == 0:
         return []
     span = gpu.select(
-        pl.col("event").alias("src_event"),
-        pl.lit(True).alias("src_start"),
-        pl.col("event").alias("dst_event"),
-        pl.lit(False).alias("dst_start"),
-        pl.lit("operator").alias("type"),
-        "cause",
-        "event",
-        (pl.col("end_ns") - pl.col("ts_ns")).alias("weight_ns"),
+        _edge(
+            (pl.col("event"), True),
+            (pl.col("event"), False),
+            "operator",
+            pl.col("cause"),
+            pl.col("event"),
+            pl.col("end_ns") - pl.col("ts_ns"),
+        )
     )
     queue = _queue_lengths(trace, gpu)
     waits = stream_waits(trace).join(
@@ -381,48 +407,34 @@ def _gpu_edges(trace: Trace, cpu: pl.DataFrame, gpu: pl.DataFrame) -> list[pl.Da
         pl.col("src").is_null() | (pl.col("_sync_end") < pl.col("_prev_end"))
     )
     launch = ordered.filter(launch_wait).select(
-        pl.col("runtime_event").alias("src_event"),
-        pl.lit(True).alias("src_start"),
-        pl.col("event").alias("dst_event"),
-        pl.lit(True).alias("dst_start"),
-        pl.lit("launch_delay").alias("type"),
-        pl.lit("launch_overhead").alias("cause"),
-        pl.lit(None, dtype=pl.Int64).alias("event"),
-        (pl.col("ts_ns") - pl.col("launch_ts_ns")).clip(0).alias("weight_ns"),
+        _edge(
+            (pl.col("runtime_event"), True),
+            (pl.col("event"), True),
+            "launch_delay",
+            pl.lit("launch_overhead"),
+            NO_EVENT,
+            (pl.col("ts_ns") - pl.col("launch_ts_ns")).clip(0),
+        )
     )
     gap = ordered.filter(~launch_wait & after_prev).select(
-        pl.col("_prev").alias("src_event"),
-        pl.lit(False).alias("src_start"),
-        pl.col("event").alias("dst_event"),
-        pl.lit(True).alias("dst_start"),
-        pl.lit("kernel_kernel_delay").alias("type"),
-        pl.lit("kernel_to_kernel_overhead").alias("cause"),
-        pl.col("_prev").alias("event"),
-        (pl.col("ts_ns") - pl.col("_prev_end")).clip(0).alias("weight_ns"),
+        _edge(
+            (pl.col("_prev"), False),
+            (pl.col("event"), True),
+            "kernel_kernel_delay",
+            pl.lit("kernel_to_kernel_overhead"),
+            pl.col("_prev"),
+            (pl.col("ts_ns") - pl.col("_prev_end")).clip(0),
+        )
     )
     gpu_wait = ordered.filter(pl.col("src").is_not_null()).select(
-        pl.col("src").alias("src_event"),
-        pl.lit(False).alias("src_start"),
-        pl.col("event").alias("dst_event"),
-        pl.lit(True).alias("dst_start"),
-        pl.lit("sync").alias("type"),
-        pl.lit("sync_wait").alias("cause"),
-        pl.lit(None, dtype=pl.Int64).alias("event"),
-        pl.lit(0).alias("weight_ns"),
+        _edge((pl.col("src"), False), (pl.col("event"), True), "sync", SYNC, NO_EVENT, pl.lit(0))
     )
     host = (
         host_waits(trace)
         .join(gpu.select(pl.col("event").alias("src")), on="src", how="semi")
         .join(cpu.select(pl.col("event").alias("dst")), on="dst", how="semi")
         .select(
-            pl.col("src").alias("src_event"),
-            pl.lit(False).alias("src_start"),
-            pl.col("dst").alias("dst_event"),
-            pl.lit(False).alias("dst_start"),
-            pl.lit("sync").alias("type"),
-            pl.lit("sync_wait").alias("cause"),
-            pl.lit(None, dtype=pl.Int64).alias("event"),
-            pl.lit(0).alias("weight_ns"),
+            _edge((pl.col("src"), False), (pl.col("dst"), False), "sync", SYNC, NO_EVENT, pl.lit(0))
         )
     )
     return [span, launch, gap, gpu_wait, host]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -83,24 +83,24 @@ class _StrictEvent(msgspec.Struct):
 
 
 class _Fields(msgspec.Struct, gc=False):
-    """The exact JSON text of the fields Polars cannot keep exactly."""
+    """The exact `args` text of an event, and whether its times were written as integers."""
 
-    ts: msgspec.Raw = msgspec.Raw(b"")
-    dur: msgspec.Raw = msgspec.Raw(b"")
+    ts: int | float | None = None
+    dur: int | float | None = None
     args: msgspec.Raw = msgspec.Raw(b"")
 
 
-@dataclass
-class _Texts:
-    """Per batch, the `ts` and `dur` texts of its events, one line each (empty if absent)."""
+class _Times(msgspec.Struct, gc=False):
+    """The exact decimal text of an event's times, read only when float64 may round them."""
 
-    ts: list[bytes] = field(default_factory=list)
-    dur: list[bytes] = field(default_factory=list)
+    ts: msgspec.Raw = msgspec.Raw(b"")
+    dur: msgspec.Raw = msgspec.Raw(b"")
 
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
 _EVENT_SLICES = msgspec.json.Decoder(list[msgspec.Raw])
-_FIELDS = msgspec.json.Decoder(list[_Fields])
+_FIELDS = msgspec.json.Decoder(_Fields)
+_TIMES = msgspec.json.Decoder(_Times)
 _STRICT = msgspec.json.Decoder(_StrictEvent)
 
 
@@ -145,8 +145,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
             raise TraceSchemaError(
                 f"not a trace: 'traceEvents' is {_JSON_TYPES.get(kind, kind)}, not a list"
             ) from None
-    events, texts = _parse_events(slices)
-    events = _with_exact_times(events, texts)
+    events = _parse_events(slices)
     _validate(events, slices)
     return Decoded(metadata=metadata, events=events)
 
@@ -179,27 +178,37 @@ def _json_problem(message: str, buf: bytes | bytearray | memoryview) -> str:
     return f"not valid JSON: {message.removeprefix('JSON is malformed: ')}"
 
 
-def _parse_events(slices: list[msgspec.Raw]) -> tuple[pl.DataFrame, _Texts]:
-    """One row per event; `args` is the event's own JSON text (Polars would re-serialize it
-    lossily: unescaped keys and backslashes, 1.0 written as 1). Also returns the exact text
-    of every `ts` and `dur`, for when floats are not enough."""
-    frames, texts = [], _Texts()
-    for start in range(0, len(slices), BATCH):
-        batch = slices[start : start + BATCH]
-        ndjson = b"\x00".join(batch).translate(_TO_NDJSON)
-        try:
-            frame = pl.read_ndjson(io.BytesIO(ndjson), schema=EVENT_SCHEMA)
-            fields = _FIELDS.decode(b"[" + b",".join(batch) + b"]")
-        except (pl.exceptions.PolarsError, msgspec.DecodeError) as exc:
-            raise _explain(batch, start, exc) from None
-        args = b"\x00".join([f.args for f in fields]).translate(_TO_NDJSON)
-        frames.append(frame.with_columns(_args_column(args, start, len(batch))))
-        texts.ts.append(b"\n".join([f.ts for f in fields]))
-        texts.dur.append(b"\n".join([f.dur for f in fields]))
+def _parse_events(slices: list[msgspec.Raw]) -> pl.DataFrame:
+    """One row per event, parsed in batches so that no copy of the whole document is made."""
+    frames = [
+        _parse_batch(slices[start : start + BATCH], start) for start in range(0, len(slices), BATCH)
+    ]
     if not frames:
         empty = pl.DataFrame(schema={**EVENT_SCHEMA, "args": pl.String()})
-        return empty.with_row_index("event"), texts
-    return pl.concat(frames, rechunk=False).with_row_index("event"), texts
+        return (
+            empty.with_row_index("event")
+            .with_columns(
+                pl.lit(None, pl.Int64).alias("ts_ns"), pl.lit(None, pl.Int64).alias("dur_ns")
+            )
+            .drop("ts", "dur")
+        )
+    return pl.concat(frames).rechunk()  # Polars parses NDJSON in many small chunks
+
+
+def _parse_batch(batch: list[msgspec.Raw], start: int) -> pl.DataFrame:
+    """Polars parses the fields; `args` is the event's own JSON text (Polars would re-serialize
+    it lossily: unescaped keys and backslashes, 1.0 written as 1)."""
+    ndjson = b"\x00".join(batch).translate(_TO_NDJSON)  # both parsers read this one copy
+    try:
+        frame = pl.read_ndjson(io.BytesIO(ndjson), schema=EVENT_SCHEMA)
+        fields = _FIELDS.decode_lines(ndjson)
+    except (pl.exceptions.PolarsError, msgspec.DecodeError) as exc:
+        raise _explain(batch, start, exc) from None
+    args = b"\x00".join([f.args for f in fields]).translate(_TO_NDJSON)
+    frame = frame.with_row_index("event", offset=start).with_columns(
+        _args_column(args, start, len(batch))
+    )
+    return _with_exact_times(frame, fields, ndjson)
 
 
 def _args_column(text: bytes, start: int, n: int) -> pl.Series:
@@ -209,7 +218,8 @@ def _args_column(text: bytes, start: int, n: int) -> pl.Series:
     except UnicodeDecodeError as exc:
         event = start + text.count(b"\n", 0, exc.start)
         raise TraceSchemaError(f"event {event}: 'args' is not valid UTF-8") from None
-    return _lines(lines, n).replace("null", None).alias("args")
+    args = _lines(lines, n)
+    return args.to_frame().select(pl.when(args != "null").then(args)).to_series().alias("args")
 
 
 def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchemaError:
@@ -227,18 +237,18 @@ def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchem
     return TraceSchemaError(f"events {start}..{start + len(batch) - 1}: {first_line}")
 
 
-def _with_exact_times(events: pl.DataFrame, texts: _Texts) -> pl.DataFrame:
+def _with_exact_times(events: pl.DataFrame, fields: list[_Fields], ndjson: bytes) -> pl.DataFrame:
     """Add `ts_ns`/`dur_ns`, exact integers, and drop the float microsecond columns."""
     _require(
         events,
         pl.max_horizontal(pl.col("ts").abs(), pl.col("dur").abs()) >= MAX_TIME_US,
         f"has a timestamp or duration beyond {MAX_TIME_US:.0e} us (not a clock reading)",
     )
-    needs_text = _floats_may_round(events, texts)
-    if needs_text:
+    if _floats_may_round(events, fields):
+        texts = _TIMES.decode_lines(ndjson)
         n = events.height
-        ts_text = _lines(b"\n".join(texts.ts).decode(), n)
-        dur_text = _lines(b"\n".join(texts.dur).decode(), n)
+        ts_text = _lines(b"\n".join([t.ts for t in texts]).decode(), n)
+        dur_text = _lines(b"\n".join([t.dur for t in texts]).decode(), n)
         times = pl.DataFrame({"ts": ts_text, "dur": dur_text}).select(
             _decimal_us_to_ns(pl.col("ts")).alias("ts_ns"),
             _decimal_us_to_ns(pl.col("dur")).alias("dur_ns"),
@@ -252,27 +262,25 @@ def _with_exact_times(events: pl.DataFrame, texts: _Texts) -> pl.DataFrame:
     return events.drop("ts", "dur")
 
 
-def _floats_may_round(events: pl.DataFrame, texts: _Texts) -> bool:
+def _floats_may_round(events: pl.DataFrame, fields: list[_Fields]) -> bool:
     """Whether float64 may have rounded a timestamp's decimal text.
 
     Below 2**43 us it cannot (three decimals stay exact). Above, integers are still exact
-    (times are below MAX_TIME_US < 2**53), so only a fraction or an exponent in some text
-    needs the text path: a byte scan of the texts answers that without parsing them.
+    (times are below MAX_TIME_US < 2**53), so only a time written with a fraction or an
+    exponent (which msgspec hands over as a float) needs the text.
     """
     time = pl.col("ts"), pl.col("dur")
     peak = events.select(pl.max_horizontal(c.abs().max() for c in time)).item() or 0.0
     if peak < EXACT_FLOAT_LIMIT_US:
         return False
-    return any(
-        marker in chunk for chunk in (*texts.ts, *texts.dur) for marker in (b".", b"e", b"E")
-    )
+    return any(type(f.ts) is float or type(f.dur) is float for f in fields)
 
 
 def _lines(text: str, n: int) -> pl.Series:
     if n == 0:
         return pl.Series([], dtype=pl.String)
-    series = pl.Series([text]).str.split("\n").explode()
-    return series.replace("", None)
+    lines = pl.Series([text]).str.split("\n").explode()
+    return lines.to_frame().select(pl.when(lines != "").then(lines)).to_series()
 
 
 def _decimal_us_to_ns(text: pl.Expr) -> pl.Expr:

@@ -35,6 +35,7 @@ def load(src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None
 
 def build_frames(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """All typed frames of one trace, linked to each other."""
+    events = F.with_category_key(events)
     ops = link.nest_ops(F.ops(events))
     runtime = link.link_runtime(F.runtime(events), ops)
     kernels = link.link_kernels(F.kernels(events), runtime, ops)

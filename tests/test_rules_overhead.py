@@ -1,4 +1,4 @@
-"""The overhead and kernel rules (TQ201–TQ205, TQ301, TQ302), each on a trace where its
+"""The overhead and kernel rules (TQ201–TQ206, TQ301, TQ302), each on a trace where its
 pattern is present and one where it is absent.
 
 Expected numbers are recomputed from the raw trace with the standard library's JSON
@@ -17,6 +17,7 @@ Fixtures (`fixtures/*.pt.trace.json.gz`) are recorded by this project (`fixtures
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from decimal import Decimal
@@ -91,7 +92,7 @@ def only(findings: list[Finding], rule: str) -> list[Finding]:
 @pytest.mark.parametrize("path", CPU_FIXTURES, ids=[p.name for p in CPU_FIXTURES])
 def test_gpu_rules_are_silent_on_cpu_only_traces(path: Path) -> None:
     """No GPU, no launch queue, copies, tensor cores or occupancy: nothing to report."""
-    findings = analyze(traceq.load(path), select=["TQ201", "TQ203", "TQ301", "TQ302"])
+    findings = analyze(traceq.load(path), select=["TQ201", "TQ203", "TQ206", "TQ301", "TQ302"])
     assert findings == []
 
 
@@ -305,6 +306,69 @@ def test_tq205_is_silent_for_a_warm_compiled_model_and_eager_code(name: str) -> 
     assert analyze(trace, select="TQ205") == []
 
 
+# -- TQ206 unfused-optimizer --------------------------------------------------------------
+
+ELEMENTWISE_UPDATES = {"aten::add_", "aten::mul_"}
+OLD_COPY_CATS = {"memcpy", "memset"}  # the 2021 schema's names; the GPU is busy with them too
+
+
+def _optimizer_windows(raw: Raw) -> list[int]:
+    return raw.where(lambda e: e.get("name") == "Optimizer.step#SGD.step")
+
+
+def test_tq206_finds_resnets_per_tensor_sgd_update_in_every_step(load_shared, raw_of) -> None:
+    trace, raw = load_shared(RESNET), raw_of(RESNET)
+    findings = sorted(analyze(trace, select="TQ206"), key=lambda f: f.step)
+    windows = sorted(_optimizer_windows(raw), key=raw.start)
+    assert [f.step for f in findings] == trace.steps["step"].to_list() and len(windows) == 6
+    for finding, window in zip(findings, windows, strict=True):
+        start, end, tid = raw.start(window), raw.end(window), raw.events[window]["tid"]
+        updates = raw.where(
+            lambda e, start=start, end=end, tid=tid: (
+                e.get("tid") == tid
+                and e["name"] in ELEMENTWISE_UPDATES
+                and start <= Raw.ns(e["ts"]) < end
+            )
+        )
+        muls = [i for i in updates if raw.events[i]["name"] == "aten::mul_"]
+        assert finding.ops == [window, *sorted(updates, key=raw.start)]
+        assert finding.evidence["per_tensor_ops"] == len(updates) == 483
+        assert finding.evidence["tensors"] == len(muls) == 161  # momentum: one mul_ each
+        assert finding.evidence["ops_per_tensor"] == 3
+        busy = sum(
+            max(0, min(raw.end(k), end) - max(raw.start(k), start))
+            for k in raw.where(lambda e: str(e.get("cat")).lower() in GPU_CATS | OLD_COPY_CATS)
+            if raw.start(k) < end and raw.end(k) > start
+        )
+        assert finding.evidence["gpu_busy_us"] == pytest.approx(busy / 1000)
+        assert finding.time_us == pytest.approx((end - start) / 1000)
+        expected = (end - start - busy) * (1 - 3 / 483) / 1000
+        assert finding.est_saving_us == pytest.approx(expected)
+        assert "fused=True" in finding.fix and finding.severity == "warning"
+
+
+def test_tq206_leaves_a_multi_tensor_update_alone(read_json, shared_trace, tmp_path) -> None:
+    """The same trace with one `_foreach_` op in each optimizer step: already batched."""
+    document = read_json(shared_trace(RESNET))
+    events = document["traceEvents"]
+    raw = Raw(document)
+    for window in _optimizer_windows(raw):
+        start, end = raw.start(window), raw.end(window)
+        first = next(
+            e for e in events if e.get("name") == "aten::mul_" and start <= Raw.ns(e["ts"]) < end
+        )
+        first["name"] = "aten::_foreach_mul_"
+    path = tmp_path / "foreach.json"
+    path.write_text(json.dumps(document))
+    assert analyze(traceq.load(path), select="TQ206") == []
+
+
+def test_tq206_options_set_its_thresholds(load_shared) -> None:
+    trace = load_shared(RESNET)
+    assert analyze(trace, select="TQ206", options={"TQ206": {"min_ops": 484}}) == []
+    assert analyze(trace, select="TQ206", options={"TQ206": {"min_us": 1e6}}) == []
+
+
 # -- TQ301 fp32-gemm ----------------------------------------------------------------------
 
 
@@ -361,3 +425,12 @@ def test_tq302_leaves_tuned_library_gemms_alone(load_shared) -> None:
     # The sgemm kernels here run at 24% occupancy by design, on grids that fill the GPU.
     trace = load_shared(LINEAR_KINETO)
     assert analyze(trace, select="TQ302") == []
+
+
+def test_tq104_leaves_per_parameter_updates_to_tq206(load_shared) -> None:
+    """ResNet's SGD step (`mul_`, `add_`, `add_` per tensor) and autograd's `AccumulateGrad`
+    `add_`s share shapes across parameters but no data: once 264 false TQ104 chains."""
+    trace = load_shared(RESNET)
+    assert analyze(trace, select="TQ104") == []
+    tq206 = analyze(trace, select="TQ206")
+    assert sum(f.evidence["per_tensor_ops"] for f in tq206) == 6 * 483

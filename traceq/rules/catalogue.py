@@ -18,6 +18,7 @@ from traceq.rules import (
     tq203_memcpy,
     tq204_dispatch_overhead,
     tq205_compile_overhead,
+    tq206_unfused_optimizer,
     tq301_fp32_gemm,
     tq302_low_occupancy,
 )
@@ -34,6 +35,7 @@ MODULES = (
     tq203_memcpy,
     tq204_dispatch_overhead,
     tq205_compile_overhead,
+    tq206_unfused_optimizer,
     tq301_fp32_gemm,
     tq302_low_occupancy,
 )

@@ -7,8 +7,9 @@ output shape; broadcast operands (a bias, a scale) may join from outside, but a 
 consumer also waits on a later op from outside the chain is cut (`one_kernel_links`): a
 residual stream runs through every layer, yet no one kernel can span a layer. Ops that another
 fusion rule reports are left to it, so no time is counted twice: the bias `add` of TQ101,
-the activation of TQ102 (written-out GELUs included) and the activation and multiply of a
-GLU (TQ103). What remains of a chain after that must still have `min_ops` ops.
+the activation of TQ102 (written-out GELUs included), the activation and multiply of a
+GLU (TQ103) and the optimizer's per-tensor updates (TQ206); so are the `add_`s of autograd's
+`AccumulateGrad`, one per parameter. What remains of a chain must still have `min_ops` ops.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from traceq.rules.opclass import (
 from traceq.rules.tq101_split_matmul_bias import split_bias_adds
 from traceq.rules.tq102_split_gemm_activation import split_activations
 from traceq.rules.tq103_unfused_glu import glu_ops
+from traceq.rules.tq206_unfused_optimizer import per_tensor_updates
 
 
 def components(nodes: pl.Series, links: pl.DataFrame) -> pl.DataFrame:
@@ -183,7 +185,9 @@ def pointwise_chains(
 
 
 def claimed_ops(ctx: Context) -> pl.Series:
-    """Ops TQ101, TQ102 and TQ103 report (at their default thresholds)."""
+    """Ops TQ101, TQ102 and TQ103 report (at their default thresholds), and the optimizer's
+    per-tensor updates (TQ206's): shape-matched "chains" there run across parameters, and
+    the fix is the optimizer's multi-tensor path, not a fused kernel."""
     ops, edges = fusion_ops(ctx), fusion_edges(ctx)
     glus = glu_ops(ctx)
     acts = split_activations(ops, edges, glus, min_confidence=0.4)
@@ -194,8 +198,19 @@ def claimed_ops(ctx: Context) -> pl.Series:
             glus["mul"],
             acts["act_ops"].explode(),
             adds["add"],
+            per_tensor_updates(ctx)["event"],
+            gradient_accumulation(ctx),
         ]
     ).drop_nulls()
+
+
+def gradient_accumulation(ctx: Context) -> pl.Series:
+    """Ops run by autograd's `AccumulateGrad` (the `add_` into a parameter's `.grad`): one
+    per parameter, related to each other only by shape, so never a chain."""
+    ops = fusion_ops(ctx)
+    accumulators = ctx.trace.ops.filter(pl.col("name").str.ends_with("AccumulateGrad"))
+    parents = accumulators.select(pl.col("event").cast(ops["parent"].dtype).alias("parent"))
+    return ops.join(parents, on="parent", how="semi")["event"]
 
 
 DEFAULTS = {"min_ops": 3, "min_confidence": 0.4, "min_saving_us": 0.0}

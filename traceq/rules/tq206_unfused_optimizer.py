@@ -1,0 +1,214 @@
+"""TQ206 unfused-optimizer: the optimizer step updates the parameters one tensor at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from traceq.rules.base import Context, rule
+from traceq.rules.finding import Finding
+from traceq.rules.opclass import fusion_ops
+
+if TYPE_CHECKING:
+    from traceq.trace import Trace
+
+US = 1000.0
+#: The range `torch.optim` records around `Optimizer.step` (`Optimizer.step#AdamW.step`).
+OPTIMIZER_STEP = r"^Optimizer\.step#(\w+)\.step$"
+#: Multi-tensor (`_foreach_add_`) and fused (`_fused_adam_`) updates: already batched.
+BATCHED = r"^aten::_(?:foreach|fused)_"
+#: What `fix` names per optimizer: `fused=True` exists for these, `foreach=True` for all.
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def optimizer_steps(trace: Trace) -> pl.DataFrame:
+    """`Optimizer.step` ranges on the CPU: `region`, `optimizer`, `tid`, `ts_ns`, `end_ns`,
+    `step`. Old traces record them as ops, newer ones as user annotations."""
+    columns = ["event", "name", "tid", "ts_ns", "end_ns", "step"]
+    as_ops = trace.ops.select(columns)
+    as_annotations = trace.annotations.filter(pl.col("kind") == "cpu").select(columns)
+    return (
+        pl.concat([as_ops.cast({"event": pl.Int64}), as_annotations.cast({"event": pl.Int64})])
+        .filter(pl.col("name").str.contains(OPTIMIZER_STEP))
+        .select(
+            pl.col("event").alias("region"),
+            pl.col("name").str.extract(OPTIMIZER_STEP).alias("optimizer"),
+            "tid",
+            "ts_ns",
+            "end_ns",
+            "step",
+        )
+    )
+
+
+def per_tensor_updates(ctx: Context) -> pl.DataFrame:
+    """Elementwise semantic ops run inside an `Optimizer.step` range (same thread), with
+    the `region` they ran in: the per-parameter updates a multi-tensor optimizer batches.
+    Regions that already use `_foreach_`/`_fused_` ops are left out."""
+    regions = optimizer_steps(ctx.trace)
+    ops = fusion_ops(ctx)
+    empty = ops.head(0).with_columns(pl.lit(None, pl.Int64).alias("region"))
+    if regions.height == 0 or ops.height == 0:
+        return empty
+    windows = regions.select(
+        "region",
+        pl.col("tid").alias("_tid"),
+        pl.col("ts_ns").alias("_start"),
+        pl.col("end_ns").alias("_end"),
+    )
+    inside = ops.join_where(
+        windows,
+        pl.col("tid") == pl.col("_tid"),
+        pl.col("ts_ns") >= pl.col("_start"),
+        pl.col("ts_ns") < pl.col("_end"),
+    ).drop("_tid", "_start", "_end")
+    batched = inside.filter(pl.col("name").str.contains(BATCHED))["region"].unique()
+    return inside.filter(
+        pl.col("role").is_in(["elementwise", "activation"])
+        & ~pl.col("region").is_in(batched.implode())
+    )
+
+
+@rule(
+    "TQ206",
+    "unfused-optimizer",
+    "warning",
+    defaults={"min_ops": 8, "min_us": 50.0},
+)
+def unfused_optimizer(ctx: Context) -> Iterator[Finding]:
+    """## What it does
+    Finds `Optimizer.step` ranges (recorded by `torch.optim`) in which the update runs as
+    one elementwise op per parameter tensor: `mul_`, `add_`, `addcmul_`, `lerp_`, ... each
+    with its own kernel launch, and no `_foreach_` or `_fused_` op. Reports a step once it
+    has at least `min_ops` such ops and the estimated saving is at least `min_us`. CPU-only
+    traces are left alone: there are no launches to batch.
+
+    Savings model: the optimizer's CPU range minus the GPU's busy time inside it is time
+    the GPU waits for dispatch and launches; a multi-tensor update issues one op per kind
+    instead of one per tensor, so that wait shrinks by `1 − kinds / ops` (kinds: ops per
+    tensor, e.g. 3 for SGD with momentum: `mul_`, `add_`, `add_`).
+
+    ## Why is this bad?
+    A model has hundreds of parameter tensors, most of them small: the per-tensor loop
+    spends a few µs of Python, dispatch and launch on each op while the kernel itself runs
+    for one. The step is launch-bound and the GPU idles through it. `torch.optim` has a
+    multi-tensor path (`foreach`, one kernel per op for a list of tensors) and, for the
+    common optimizers, a fused one (one kernel for the whole update).
+
+    ## Example
+    ```python
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    ```
+
+    ## Use instead
+    ```python
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # or foreach=True
+    ```
+    Parameters on the CPU, or of mixed devices, fall back to the per-tensor loop.
+
+    ## References
+    - [torch.optim: foreach and fused implementations](https://pytorch.org/docs/stable/optim.html#algorithms)
+    """
+    if ctx.device.kind != "gpu":
+        return
+    updates = per_tensor_updates(ctx)
+    if updates.height == 0:
+        return
+    regions = optimizer_steps(ctx.trace)
+    busy = _gpu_busy(ctx.trace.kernels, regions)
+    per_region = (
+        updates.group_by("region")
+        .agg(
+            pl.col("event").sort_by("ts_ns").alias("ops"),
+            pl.col("kernel_events")
+            .list.explode(keep_nulls=False, empty_as_null=False)
+            .alias("kernels"),
+            pl.col("gpu_ns").sum().alias("update_gpu_ns"),
+        )
+        .join(regions, on="region")
+        .join(busy, on="region", how="left")
+        .sort("ts_ns")
+    )
+    counts = updates.group_by("region", "name").agg(pl.len().alias("count"))
+    for row in per_region.iter_rows(named=True):
+        n = len(row["ops"])
+        if n < ctx.options["min_ops"]:
+            continue
+        names = (
+            counts.filter(pl.col("region") == row["region"])
+            .sort("count", "name", descending=[True, False])
+            .select("name", "count")
+        )
+        tensors = int(names["count"].min())
+        kinds = max(1, round(n / tensors))
+        span = row["end_ns"] - row["ts_ns"]
+        gpu_busy = row["busy_ns"] or 0
+        waiting = max(0, span - gpu_busy)
+        saving_us = waiting * (1 - kinds / n) / US
+        if saving_us < ctx.options["min_us"]:
+            continue
+        summary = ", ".join(f"{name} ×{count}" for name, count in names.iter_rows())
+        optimizer = row["optimizer"]
+        yield ctx.finding(
+            message=(
+                f"{optimizer}.step updates about {tensors} tensors one at a time: {n} ops "
+                f"({summary}) launch {len(row['kernels'])} kernels in {span / US:,.1f} µs, "
+                f"while the GPU is busy {gpu_busy / US:,.1f} µs"
+            ),
+            step=row["step"],
+            ops=[row["region"], *row["ops"]],
+            kernels=row["kernels"],
+            time_us=span / US,
+            est_saving_us=saving_us,
+            saving_model=(
+                f"({span / US:,.1f} µs optimizer step − {gpu_busy / US:,.1f} µs GPU busy) × "
+                f"(1 − {kinds} multi-tensor ops / {n} per-tensor ops)"
+            ),
+            fix=_fix(optimizer),
+            evidence={
+                "optimizer": optimizer,
+                "region_event": row["region"],
+                "per_tensor_ops": n,
+                "tensors": tensors,
+                "ops_per_tensor": kinds,
+                "by_name": [{"name": a, "count": c} for a, c in names.iter_rows()],
+                "kernels": len(row["kernels"]),
+                "span_us": span / US,
+                "gpu_busy_us": gpu_busy / US,
+                "update_gpu_us": row["update_gpu_ns"] / US,
+            },
+        )
+
+
+def _gpu_busy(kernels: pl.DataFrame, regions: pl.DataFrame) -> pl.DataFrame:
+    """`region`, `busy_ns`: GPU activity inside each region's window, clipped to it (any
+    stream; overlapping kernels on several streams count once each, an upper bound)."""
+    windows = regions.select("region", pl.col("ts_ns").alias("_s"), pl.col("end_ns").alias("_e"))
+    return (
+        kernels.select("ts_ns", "end_ns")
+        .join_where(windows, pl.col("ts_ns") < pl.col("_e"), pl.col("end_ns") > pl.col("_s"))
+        .group_by("region")
+        .agg(
+            (pl.min_horizontal("end_ns", "_e") - pl.max_horizontal("ts_ns", "_s"))
+            .sum()
+            .alias("busy_ns")
+        )
+    )
+
+
+def _fix(optimizer: str) -> str:
+    fused = (
+        f"torch.optim.{optimizer}(..., fused=True) runs the whole update as one kernel; "
+        if optimizer in FUSED_OPTIMIZERS
+        else ""
+    )
+    return (
+        f"{fused}foreach=True batches each op over all parameter tensors. Keep the "
+        "parameters on one device and dtype, or torch.compile the optimizer step."
+    )
+
+
+RULE = unfused_optimizer

@@ -23,6 +23,7 @@ from conftest import SHARED_TRACES
 import traceq
 from traceq.dataflow import dataflow, dataflow_ops
 from traceq.execution_trace import (
+    ET_SCHEMA,
     ExecutionTraceError,
     load_execution_trace,
     match_ops,
@@ -213,3 +214,45 @@ def test_trace_with_execution_trace_gives_the_same_exact_edges(
     key = ["producer", "consumer"]
     assert via_trace.select(key).sort(key).equals(direct.select(key).sort(key))
     assert set(via_trace["evidence"]) == {"tensor-id"}
+
+
+def test_every_thread_pairs_with_the_same_iteration(tmp_path: Path) -> None:
+    """Three iterations in the trace, one in the ET: each thread's offsets tie, one per
+    iteration. Nearest-to-zero alone would pair the forward thread with iteration 1 (offset
+    0) and the backward one with iteration 0 (offset -19): backward before forward."""
+    forward, backward = ("aten::linear", "aten::relu", "aten::sum"), ("a", "b", "c")
+    events = []
+    for k in range(3):
+        for i, name in enumerate(forward):
+            ext, ts = 61 + 40 * k + i, 1000 * k + 10 * i
+            events.append(_cpu_op(name, tid=10, ts=ts, external_id=ext))
+        for i, name in enumerate(backward):
+            ext, ts = 85 + 40 * k + i, 1000 * k + 500 + 10 * i
+            events.append(_cpu_op(name, tid=20, ts=ts, external_id=ext))
+    path = tmp_path / "three_iterations.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = traceq.load(path)
+    et = pl.DataFrame(
+        [(1 + i, name, None, 101 + i, 1, [], []) for i, name in enumerate(forward)]
+        + [(4 + i, name, None, 104 + i, 2, [], []) for i, name in enumerate(backward)],
+        schema=ET_SCHEMA,
+        orient="row",
+    )
+    pairs = match_ops(trace, et).join(
+        trace.ops.select(pl.col("event").cast(pl.Int64), "ts_ns"), on="event"
+    )
+    assert pairs.height == 6
+    assert pairs["ts_ns"].min() >= 1_000_000 and pairs["ts_ns"].max() < 2_000_000  # iteration 1
+
+
+def _cpu_op(name: str, *, tid: int, ts: int, external_id: int) -> dict:
+    return {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": 5,
+        "args": {"External id": external_id},
+    }

@@ -10,7 +10,8 @@ semantic ops of `dataflow_ops` (`tensor_edges`, `replace_inferred`).
 Pairing: an ET node's `rf_id` is the record-function id Kineto writes as `Record function
 id` (PyTorch >= 2.1) or, in older traces, as `External id`. The two counters can be offset
 per thread when the ET and the profiler did not start together, so each ET thread is
-paired at the offset where most op names agree, and a pair must agree on the name.
+paired at the offset where most op names agree (all threads at one iteration, when the
+trace repeats it), and a pair must agree on the name.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ VOTERS = 1024
 voters paired 788 of linear_et's 928 nodes, all of them 883), capped so the name join
 stays small on big traces."""
 _TENSOR = pl.Struct({"index": pl.Int64, "tensor_id": pl.Int64})
-_SCHEMA = {
+ET_SCHEMA = {
     "et_id": pl.Int64,
     "name": pl.String,
     "parent": pl.Int64,
@@ -77,7 +78,7 @@ def load_execution_trace(
         raise ExecutionTraceError(
             f"malformed ET node ({type(exc).__name__}: {exc})", source=name
         ) from None
-    return pl.DataFrame(rows, schema=_SCHEMA, orient="row").sort("et_id")
+    return pl.DataFrame(rows, schema=ET_SCHEMA, orient="row").sort("et_id")
 
 
 def _node_row(node: dict[str, Any]) -> tuple[Any, ...]:
@@ -126,8 +127,12 @@ def match_ops(trace: Trace, et: pl.DataFrame) -> pl.DataFrame:
 
     Key: Kineto's `Record function id` when the trace has it, else `External id`; per ET
     thread, the offset between the counters is the one most of the first `VOTERS` nodes
-    agree on by name (0 when both were recorded together), and a pair must share the name.
-    Each op and each node is paired at most once.
+    agree on by name, and a pair must share the name. Each op and each node is paired at
+    most once. A trace of many iterations gives each thread one equally good offset per
+    iteration: the thread with the most votes takes the one nearest 0 (the counters
+    started together), and every other thread the one whose ops ran nearest it in time,
+    on the side the ET's order puts them (the backward thread after the forward one),
+    so all threads pair with the same iteration.
     """
     key = (
         "record_function_id"
@@ -139,30 +144,45 @@ def match_ops(trace: Trace, et: pl.DataFrame) -> pl.DataFrame:
         "name",
         pl.col("tid").alias("_ktid"),
         pl.col(key).cast(pl.Int64).alias("_key"),
+        pl.col("ts_ns").alias("_ts"),
     ).drop_nulls("_key")
     nodes = et.select("et_id", "name", "rf_id", "tid").drop_nulls(["rf_id", "tid"])
     if ops.height == 0 or nodes.height == 0:
         return pl.DataFrame(schema={"event": pl.Int64, "et_id": pl.Int64})
     voters = nodes.sort("rf_id").group_by("tid", maintain_order=True).head(VOTERS)
-    offsets = (
-        voters.join(ops, on="name")
-        .with_columns((pl.col("_key") - pl.col("rf_id")).alias("_offset"))
-        .group_by("tid", "_ktid", "_offset")
-        .len()
-        .with_columns(pl.col("_offset").abs().alias("_far"))
-        .sort(["len", "_far"], descending=[True, False])
-        .group_by("tid", maintain_order=True)
-        .first()
-        .select("tid", "_ktid", "_offset")
-    )
+    offsets = _thread_offsets(voters, ops)
     return (
         nodes.join(offsets, on="tid")
         .with_columns((pl.col("rf_id") + pl.col("_offset")).alias("_key"))
-        .join(ops, on=["_key", "name", "_ktid"])
+        .join(ops.drop("_ts"), on=["_key", "name", "_ktid"])
         .unique("event", keep="first")
         .unique("et_id", keep="first")
         .select("event", "et_id")
         .sort("event")
+    )
+
+
+def _thread_offsets(voters: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """`tid`, `_ktid`, `_offset` per ET thread: its best-voted offsets (one per iteration),
+    narrowed to one iteration shared by all threads (see `match_ops`)."""
+    votes = (
+        voters.join(ops, on="name")
+        .with_columns((pl.col("_key") - pl.col("rf_id")).alias("_offset"))
+        .group_by("tid", "_ktid", "_offset")
+        .agg(pl.len(), pl.col("_ts").median().alias("_at"))
+        .join(voters.group_by("tid").agg(pl.col("et_id").min().alias("_first")), on="tid")
+        .with_columns(pl.col("_offset").abs().alias("_far"))
+    )
+    best = votes.filter(pl.col("len") == pl.col("len").max().over("tid"))
+    anchor = best.sort(["len", "_far", "tid"], descending=[True, False, False]).row(0, named=True)
+    delta = pl.col("_at") - anchor["_at"]
+    wrong_side = delta * (pl.col("_first") - anchor["_first"]).sign() < 0
+    return (
+        best.with_columns(wrong_side.alias("_wrong_side"), delta.abs().alias("_gap"))
+        .sort(["_wrong_side", "_gap", "_far"])
+        .group_by("tid", maintain_order=True)
+        .first()
+        .select("tid", "_ktid", "_offset")
     )
 
 

@@ -46,24 +46,34 @@ def optimizer_steps(trace: Trace) -> pl.DataFrame:
 def per_tensor_updates(ctx: Context) -> pl.DataFrame:
     """Elementwise semantic ops run inside an `Optimizer.step` range (same thread), with
     the `region` they ran in: the per-parameter updates a multi-tensor optimizer batches.
-    Regions that already use `_foreach_`/`_fused_` ops are left out."""
+    Regions that already use `_foreach_`/`_fused_` ops are left out. Computed once per
+    analysis (TQ104 leaves these ops to this rule)."""
+    return ctx.cached("per_tensor_updates", lambda: _per_tensor_updates(ctx))
+
+
+def _per_tensor_updates(ctx: Context) -> pl.DataFrame:
     regions = optimizer_steps(ctx.trace)
     ops = fusion_ops(ctx)
-    empty = ops.head(0).with_columns(pl.lit(None, pl.Int64).alias("region"))
     if regions.height == 0 or ops.height == 0:
-        return empty
+        return ops.head(0).with_columns(pl.lit(None, pl.Int64).alias("region"))
+    # A thread runs one optimizer step at a time: the last region to start before an op
+    # is the only one that can hold it.
     windows = regions.select(
-        "region",
-        pl.col("tid").alias("_tid"),
-        pl.col("ts_ns").alias("_start"),
-        pl.col("end_ns").alias("_end"),
+        "region", "tid", pl.col("ts_ns").alias("_start"), pl.col("end_ns").alias("_end")
+    ).sort("_start")
+    inside = (
+        ops.sort("ts_ns")
+        .join_asof(
+            windows,
+            left_on="ts_ns",
+            right_on="_start",
+            by="tid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("ts_ns") < pl.col("_end"))
+        .drop("_start", "_end")
     )
-    inside = ops.join_where(
-        windows,
-        pl.col("tid") == pl.col("_tid"),
-        pl.col("ts_ns") >= pl.col("_start"),
-        pl.col("ts_ns") < pl.col("_end"),
-    ).drop("_tid", "_start", "_end")
     batched = inside.filter(pl.col("name").str.contains(BATCHED))["region"].unique()
     return inside.filter(
         pl.col("role").is_in(["elementwise", "activation"])

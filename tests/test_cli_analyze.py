@@ -55,7 +55,7 @@ def test_select_and_ignore_accept_commas_and_repeats() -> None:
     both = json_of(EAGER, "--select", "TQ204,TQ205", "--select", "TQ3")
     assert both["summary"]["rules_run"] == ["TQ204", "TQ205", "TQ301", "TQ302"]
     fewer = json_of(EAGER, "--select", "TQ2", "--ignore", "TQ201,TQ202", "--ignore", "TQ203")
-    assert fewer["summary"]["rules_run"] == ["TQ204", "TQ205", "TQ206"]
+    assert fewer["summary"]["rules_run"] == ["TQ204", "TQ205", "TQ206", "TQ207"]
 
 
 def test_option_overrides_a_threshold() -> None:

@@ -46,10 +46,10 @@ def test_default_selects_every_rule() -> None:
     ("select", "ignore", "expected"),
     [
         (("TQ1",), (), ["TQ101", "TQ102", "TQ103", "TQ104", "TQ105"]),
-        (("TQ20",), (), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ205", "TQ206"]),
+        (("TQ20",), (), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ205", "TQ206", "TQ207"]),
         (("TQ201", "TQ3"), (), ["TQ201", "TQ301", "TQ302"]),
         (None, ("TQ1", "TQ2"), ["TQ301", "TQ302"]),
-        (("TQ2",), ("TQ205",), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206"]),
+        (("TQ2",), ("TQ205",), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206", "TQ207"]),
         # the more specific selector wins, like ruff: ignore TQ2 but select TQ201
         (("ALL", "TQ201"), ("TQ2",), [c for c in ALL if not c.startswith("TQ2")] + ["TQ201"]),
         (("TQ102",), ("TQ102",), []),  # a tie goes to ignore
@@ -72,7 +72,7 @@ def test_command_line_select_replaces_and_ignore_adds() -> None:
     merged = file.merged(select=["TQ2"], ignore=["TQ205"])
     assert merged.select == ("TQ2",)
     assert merged.ignore == ("TQ105", "TQ205")
-    assert codes(merged) == ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206"]
+    assert codes(merged) == ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206", "TQ207"]
 
 
 # -- options ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The overhead and kernel rules (TQ201–TQ206, TQ301, TQ302), each on a trace where its
+"""The overhead and kernel rules (TQ201–TQ207, TQ301, TQ302), each on a trace where its
 pattern is present and one where it is absent.
 
 Expected numbers are recomputed from the raw trace with the standard library's JSON
@@ -24,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 
 import traceq
@@ -367,6 +368,73 @@ def test_tq206_options_set_its_thresholds(load_shared) -> None:
     trace = load_shared(RESNET)
     assert analyze(trace, select="TQ206", options={"TQ206": {"min_ops": 484}}) == []
     assert analyze(trace, select="TQ206", options={"TQ206": {"min_us": 1e6}}) == []
+
+
+# -- TQ207 zeroed-grads -------------------------------------------------------------------
+
+
+def test_tq207_finds_resnets_zeroed_gradients_and_their_accumulation(load_shared, raw_of) -> None:
+    trace, raw = load_shared(RESNET), raw_of(RESNET)
+    findings = sorted(analyze(trace, select="TQ207"), key=lambda f: f.step)
+    steps = sorted(raw.where(lambda e: str(e["name"]).startswith("ProfilerStep#")), key=raw.start)
+    zero_grads = sorted(
+        raw.where(lambda e: e["name"] == "Optimizer.zero_grad#SGD.zero_grad"), key=raw.start
+    )
+    assert len(findings) == len(steps) == len(zero_grads) == 6
+    for finding, step, window in zip(findings, steps, zero_grads, strict=True):
+        start, end, tid = raw.start(window), raw.end(window), raw.events[window]["tid"]
+        zeros = raw.where(
+            lambda e, start=start, end=end, tid=tid: (
+                e["name"] == "aten::zero_"
+                and e.get("tid") == tid
+                and start <= Raw.ns(e["ts"]) < end
+            )
+        )
+        nodes = raw.where(
+            lambda e, step=step: (
+                str(e["name"]).endswith("AccumulateGrad")
+                and raw.start(step) <= Raw.ns(e["ts"]) < raw.end(step)
+            )
+        )
+        adds = [
+            i
+            for node in nodes
+            for i in raw.where(
+                lambda e, node=node: (
+                    e["name"] == "aten::add_"
+                    and e.get("tid") == raw.events[node]["tid"]
+                    and raw.start(node) <= Raw.ns(e["ts"]) < raw.end(node)
+                )
+            )
+        ]
+        assert finding.evidence["zeroing_ops"] == len(zeros) == 161
+        assert finding.evidence["accumulate_adds"] == len(adds) == 161
+        assert set(finding.ops) == {window, *zeros, *adds}
+        busy = sum(
+            max(0, min(raw.end(k), end) - max(raw.start(k), start))
+            for k in raw.where(lambda e: str(e.get("cat")).lower() in GPU_CATS | OLD_COPY_CATS)
+            if raw.start(k) < end and raw.end(k) > start
+        )
+        assert finding.evidence["gpu_busy_us"] == pytest.approx(busy / 1000)
+        accumulate = finding.evidence["accumulate_us"]
+        assert 0 < accumulate < finding.evidence["span_us"]
+        expected = (end - start - busy) / 1000 + accumulate
+        assert finding.est_saving_us == pytest.approx(expected)
+        assert "set_to_none=True" in finding.fix
+
+
+def test_tq207_is_silent_when_gradients_are_set_to_none() -> None:
+    """The recorded training step calls `zero_grad(set_to_none=True)`: nothing is zeroed."""
+    trace = traceq.load(FIXTURES / "mlp_gelu-train.pt.trace.json.gz")
+    ranges = trace.annotations.filter(pl.col("name") == "Optimizer.zero_grad#SGD.zero_grad")
+    assert ranges.height == 3  # the rule sees the ranges ...
+    assert analyze(trace, select="TQ207") == []  # ... with nothing zeroed in them
+
+
+def test_tq207_options_set_its_thresholds(load_shared) -> None:
+    trace = load_shared(RESNET)
+    assert analyze(trace, select="TQ207", options={"TQ207": {"min_tensors": 162}}) == []
+    assert analyze(trace, select="TQ207", options={"TQ207": {"min_us": 1e6}}) == []
 
 
 # -- TQ301 fp32-gemm ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from traceq.rules import (
     tq204_dispatch_overhead,
     tq205_compile_overhead,
     tq206_unfused_optimizer,
+    tq207_zeroed_grads,
     tq301_fp32_gemm,
     tq302_low_occupancy,
 )
@@ -36,6 +37,7 @@ MODULES = (
     tq204_dispatch_overhead,
     tq205_compile_overhead,
     tq206_unfused_optimizer,
+    tq207_zeroed_grads,
     tq301_fp32_gemm,
     tq302_low_occupancy,
 )

@@ -82,3 +82,65 @@ def step_windows(trace: Trace) -> pl.DataFrame:
     ops = trace.ops
     span = ops.select((pl.col("end_ns").max() - pl.col("ts_ns").min()).alias("window_ns"))
     return span.select(pl.lit(None, pl.Int64).alias("step"), "window_ns")
+
+
+def optimizer_ranges(trace: Trace, method: str) -> pl.DataFrame:
+    """The ranges `torch.optim` records around `Optimizer.<method>` (`step`, `zero_grad`):
+    `region` (event id), `optimizer` (class name), `tid`, `ts_ns`, `end_ns`, `step`. Old
+    traces record them as ops, newer ones as CPU user annotations."""
+    pattern = rf"^Optimizer\.{method}#(\w+)\.{method}$"
+    columns = ["event", "name", "tid", "ts_ns", "end_ns", "step"]
+    as_ops = trace.ops.select(columns).cast({"event": pl.Int64})
+    as_annotations = (
+        trace.annotations.filter(pl.col("kind") == "cpu").select(columns).cast({"event": pl.Int64})
+    )
+    return (
+        pl.concat([as_ops, as_annotations])
+        .filter(pl.col("name").str.contains(pattern))
+        .select(
+            pl.col("event").alias("region"),
+            pl.col("name").str.extract(pattern).alias("optimizer"),
+            "tid",
+            "ts_ns",
+            "end_ns",
+            "step",
+        )
+    )
+
+
+def in_ranges(rows: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """`rows` (with `tid`, `ts_ns`) that start inside one of `ranges` on their thread, with
+    that range's `region`. A thread is in one such range at a time, so the last range to
+    start before a row is the only one that can hold it."""
+    windows = ranges.select(
+        "region", "tid", pl.col("ts_ns").alias("_start"), pl.col("end_ns").alias("_end")
+    ).sort("_start")
+    return (
+        rows.sort("ts_ns")
+        .join_asof(
+            windows,
+            left_on="ts_ns",
+            right_on="_start",
+            by="tid",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .filter(pl.col("ts_ns") < pl.col("_end"))
+        .drop("_start", "_end")
+    )
+
+
+def gpu_busy_in(kernels: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """`region`, `busy_ns`: GPU activity inside each range's window, clipped to it (any
+    stream; kernels overlapping on several streams count once each, an upper bound)."""
+    windows = ranges.select("region", pl.col("ts_ns").alias("_s"), pl.col("end_ns").alias("_e"))
+    return (
+        kernels.select("ts_ns", "end_ns")
+        .join_where(windows, pl.col("ts_ns") < pl.col("_e"), pl.col("end_ns") > pl.col("_s"))
+        .group_by("region")
+        .agg(
+            (pl.min_horizontal("end_ns", "_e") - pl.max_horizontal("ts_ns", "_s"))
+            .sum()
+            .alias("busy_ns")
+        )
+    )

@@ -3,44 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 from traceq.rules.base import Context, rule
+from traceq.rules.common import gpu_busy_in, in_ranges, optimizer_ranges
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import fusion_ops
 
-if TYPE_CHECKING:
-    from traceq.trace import Trace
-
 US = 1000.0
-#: The range `torch.optim` records around `Optimizer.step` (`Optimizer.step#AdamW.step`).
-OPTIMIZER_STEP = r"^Optimizer\.step#(\w+)\.step$"
 #: Multi-tensor (`_foreach_add_`) and fused (`_fused_adam_`) updates: already batched.
 BATCHED = r"^aten::_(?:foreach|fused)_"
 #: What `fix` names per optimizer: `fused=True` exists for these, `foreach=True` for all.
 FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
-
-
-def optimizer_steps(trace: Trace) -> pl.DataFrame:
-    """`Optimizer.step` ranges on the CPU: `region`, `optimizer`, `tid`, `ts_ns`, `end_ns`,
-    `step`. Old traces record them as ops, newer ones as user annotations."""
-    columns = ["event", "name", "tid", "ts_ns", "end_ns", "step"]
-    as_ops = trace.ops.select(columns)
-    as_annotations = trace.annotations.filter(pl.col("kind") == "cpu").select(columns)
-    return (
-        pl.concat([as_ops.cast({"event": pl.Int64}), as_annotations.cast({"event": pl.Int64})])
-        .filter(pl.col("name").str.contains(OPTIMIZER_STEP))
-        .select(
-            pl.col("event").alias("region"),
-            pl.col("name").str.extract(OPTIMIZER_STEP).alias("optimizer"),
-            "tid",
-            "ts_ns",
-            "end_ns",
-            "step",
-        )
-    )
 
 
 def per_tensor_updates(ctx: Context) -> pl.DataFrame:
@@ -52,28 +27,8 @@ def per_tensor_updates(ctx: Context) -> pl.DataFrame:
 
 
 def _per_tensor_updates(ctx: Context) -> pl.DataFrame:
-    regions = optimizer_steps(ctx.trace)
     ops = fusion_ops(ctx)
-    if regions.height == 0 or ops.height == 0:
-        return ops.head(0).with_columns(pl.lit(None, pl.Int64).alias("region"))
-    # A thread runs one optimizer step at a time: the last region to start before an op
-    # is the only one that can hold it.
-    windows = regions.select(
-        "region", "tid", pl.col("ts_ns").alias("_start"), pl.col("end_ns").alias("_end")
-    ).sort("_start")
-    inside = (
-        ops.sort("ts_ns")
-        .join_asof(
-            windows,
-            left_on="ts_ns",
-            right_on="_start",
-            by="tid",
-            strategy="backward",
-            check_sortedness=False,
-        )
-        .filter(pl.col("ts_ns") < pl.col("_end"))
-        .drop("_start", "_end")
-    )
+    inside = in_ranges(ops, optimizer_ranges(ctx.trace, "step"))
     batched = inside.filter(pl.col("name").str.contains(BATCHED))["region"].unique()
     return inside.filter(
         pl.col("role").is_in(["elementwise", "activation"])
@@ -127,8 +82,8 @@ def unfused_optimizer(ctx: Context) -> Iterator[Finding]:
     updates = per_tensor_updates(ctx)
     if updates.height == 0:
         return
-    regions = optimizer_steps(ctx.trace)
-    busy = _gpu_busy(ctx.trace.kernels, regions)
+    regions = optimizer_ranges(ctx.trace, "step")
+    busy = gpu_busy_in(ctx.trace.kernels, regions)
     per_region = (
         updates.group_by("region")
         .agg(
@@ -191,22 +146,6 @@ def unfused_optimizer(ctx: Context) -> Iterator[Finding]:
                 "update_gpu_us": row["update_gpu_ns"] / US,
             },
         )
-
-
-def _gpu_busy(kernels: pl.DataFrame, regions: pl.DataFrame) -> pl.DataFrame:
-    """`region`, `busy_ns`: GPU activity inside each region's window, clipped to it (any
-    stream; overlapping kernels on several streams count once each, an upper bound)."""
-    windows = regions.select("region", pl.col("ts_ns").alias("_s"), pl.col("end_ns").alias("_e"))
-    return (
-        kernels.select("ts_ns", "end_ns")
-        .join_where(windows, pl.col("ts_ns") < pl.col("_e"), pl.col("end_ns") > pl.col("_s"))
-        .group_by("region")
-        .agg(
-            (pl.min_horizontal("end_ns", "_e") - pl.max_horizontal("ts_ns", "_s"))
-            .sum()
-            .alias("busy_ns")
-        )
-    )
 
 
 def _fix(optimizer: str) -> str:

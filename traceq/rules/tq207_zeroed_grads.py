@@ -1,0 +1,142 @@
+"""TQ207 zeroed-grads: `zero_grad` writes zeros into every gradient, and backward then adds
+into them, where setting them to None would skip both."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import polars as pl
+
+from traceq.rules.base import Context, rule
+from traceq.rules.common import gpu_busy_in, in_ranges, optimizer_ranges
+from traceq.rules.finding import Finding
+from traceq.rules.opclass import fusion_ops
+
+US = 1000.0
+#: Ops that zero a gradient in place (`zero_` runs `fill_`; `_foreach_zero_` a whole list).
+ZEROING = ("aten::zero_", "aten::fill_", "aten::_foreach_zero_")
+#: Autograd's node that writes a leaf's gradient; with a zeroed `.grad` it runs an `add_`.
+ACCUMULATE = "AccumulateGrad"
+
+
+@rule("TQ207", "zeroed-grads", "warning", defaults={"min_tensors": 8, "min_us": 50.0})
+def zeroed_grads(ctx: Context) -> Iterator[Finding]:
+    """## What it does
+    Finds `Optimizer.zero_grad` ranges (recorded by `torch.optim`) that write zeros into the
+    gradients (`zero_`, `fill_`, `_foreach_zero_`) instead of setting them to `None`, with
+    the `add_`s autograd's `AccumulateGrad` then runs in the same step to add each new
+    gradient into its zeroed one. Reports a range that zeroes at least `min_tensors`
+    gradients (a `_foreach_zero_` counts its list as one op: the adds are what remain) when
+    the estimated saving is at least `min_us`.
+
+    Savings model: both go away with `set_to_none=True`. The zeroing costs the range's time
+    the GPU spends waiting (range − GPU busy inside it; on a CPU-only trace, the range);
+    the accumulation costs its `add_` ops' time (GPU time of their kernels; CPU time on a
+    CPU-only trace). The saving is the sum.
+
+    ## Why is this bad?
+    Zeroing launches one kernel per parameter tensor (hundreds per step, a few µs of
+    dispatch each) and writes every gradient once; backward then reads the zeros back to
+    add the new gradient, where with `None` it would just keep the freshly computed tensor.
+    Both passes over all gradients are pure overhead.
+
+    ## Example
+    ```python
+    optimizer.zero_grad(set_to_none=False)  # PyTorch < 2.0 default
+    ```
+
+    ## Use instead
+    ```python
+    optimizer.zero_grad()  # set_to_none=True, the default since PyTorch 2.0
+    ```
+    Code that reads `.grad` between steps must then handle `None` (e.g. parameters that got
+    no gradient).
+
+    ## References
+    - [torch.optim.Optimizer.zero_grad](https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html)
+    - [Performance tuning guide: zero gradients efficiently](https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html)
+    """
+    regions = optimizer_ranges(ctx.trace, "zero_grad")
+    if regions.height == 0:
+        return
+    ops = fusion_ops(ctx)
+    zeroing = in_ranges(ops.filter(pl.col("name").is_in(ZEROING)), regions)
+    if zeroing.height == 0:
+        return
+    gpu = ctx.device.kind == "gpu"
+    busy = gpu_busy_in(ctx.trace.kernels, regions) if gpu else None
+    adds = (
+        _accumulating_adds(ctx, ops)
+        .group_by("step")
+        .agg(
+            pl.col("event").alias("add_ops"),
+            pl.col("time_ns").sum().alias("add_ns"),
+            pl.col("kernel_events").list.explode(keep_nulls=False, empty_as_null=False),
+        )
+    )
+    rows = (
+        zeroing.group_by("region")
+        .agg(
+            pl.col("event").sort_by("ts_ns").alias("zero_ops"),
+            (pl.col("name") != "aten::_foreach_zero_").sum().alias("per_tensor"),
+            pl.col("kernel_events").list.explode(keep_nulls=False, empty_as_null=False),
+        )
+        .join(regions, on="region")
+        .join(adds, on="step", how="left", nulls_equal=True, suffix="_adds")
+        .sort("ts_ns")
+    )
+    if busy is not None:
+        rows = rows.join(busy, on="region", how="left")
+    for row in rows.iter_rows(named=True):
+        add_ops = row["add_ops"] or []
+        if max(row["per_tensor"], len(add_ops)) < ctx.options["min_tensors"]:
+            continue
+        span = row["end_ns"] - row["ts_ns"]
+        gpu_busy = (row.get("busy_ns") or 0) if gpu else 0
+        zeroing_ns = max(0, span - gpu_busy)
+        add_ns = row["add_ns"] or 0
+        saving_us = (zeroing_ns + add_ns) / US
+        if saving_us < ctx.options["min_us"]:
+            continue
+        n_zero, n_add = len(row["zero_ops"]), len(add_ops)
+        where = "step" if row["step"] is None else f"step {row['step']}"
+        yield ctx.finding(
+            message=(
+                f"{row['optimizer']}.zero_grad writes zeros into the gradients ({n_zero} ops, "
+                f"{span / US:,.1f} µs) and backward adds into them ({n_add} AccumulateGrad "
+                f"add_ ops, {add_ns / US:,.1f} µs {'GPU' if gpu else 'CPU'}) in {where}"
+            ),
+            step=row["step"],
+            ops=[row["region"], *row["zero_ops"], *add_ops],
+            kernels=[*row["kernel_events"], *(row["kernel_events_adds"] or [])],
+            time_us=(span + add_ns) / US,
+            est_saving_us=saving_us,
+            saving_model=(
+                f"zeroing {zeroing_ns / US:,.1f} µs ({span / US:,.1f} µs range − "
+                f"{gpu_busy / US:,.1f} µs GPU busy) + accumulating {add_ns / US:,.1f} µs"
+            ),
+            fix=(
+                "Call optimizer.zero_grad(set_to_none=True) (the default since PyTorch 2.0) "
+                "or model.zero_grad(set_to_none=True)."
+            ),
+            evidence={
+                "optimizer": row["optimizer"],
+                "region_event": row["region"],
+                "zeroing_ops": n_zero,
+                "per_tensor_zeroing_ops": row["per_tensor"],
+                "accumulate_adds": n_add,
+                "span_us": span / US,
+                "gpu_busy_us": gpu_busy / US,
+                "accumulate_us": add_ns / US,
+            },
+        )
+
+
+def _accumulating_adds(ctx: Context, ops: pl.DataFrame) -> pl.DataFrame:
+    """`add_` semantic ops run by autograd's `AccumulateGrad` nodes, with their `step`."""
+    nodes = ctx.trace.ops.filter(pl.col("name").str.ends_with(ACCUMULATE))
+    parents = nodes.select(pl.col("event").cast(ops["parent"].dtype).alias("parent"))
+    return ops.filter(pl.col("name") == "aten::add_").join(parents, on="parent", how="semi")
+
+
+RULE = zeroed_grads

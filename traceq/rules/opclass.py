@@ -384,7 +384,7 @@ def compile_time(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
         .sort("pid", "tid", "_start")
     )
     if marks.height == 0 or ops.height == 0:
-        return pl.Series("compile_time", [False] * ops.height)
+        return pl.Series("compile_time", [False] * ops.height, dtype=pl.Boolean)
     reach = pl.col("_end").cum_max().shift(1).over("pid", "tid")
     outermost = marks.filter(reach.is_null() | (pl.col("_start") > reach))
     probe = ops.select("pid", "tid", "ts_ns").with_row_index("_row").sort("ts_ns")

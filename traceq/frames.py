@@ -50,12 +50,15 @@ def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
 
 def as_int(column: str) -> pl.Expr:
     """Integer from text such as '7', 'stream 7' or '3.0'; null when there is none."""
-    text = pl.col(column).str.strip_chars()
-    plain = text.cast(pl.Int64, strict=False)
-    rest = pl.when(plain.is_null()).then(text)  # the slower readings only where needed
+    text = pl.col(column)
+    plain = text.cast(pl.Int64, strict=False)  # nearly every value: no strip needed
+    rest = pl.when(plain.is_null()).then(text.str.strip_chars())  # slower readings, rarely
     trailing = rest.str.extract(r"(-?\d+)$").cast(pl.Int64, strict=False)
     return pl.coalesce(
-        plain, rest.cast(pl.Float64, strict=False).cast(pl.Int64, strict=False), trailing
+        plain,
+        rest.cast(pl.Int64, strict=False),
+        rest.cast(pl.Float64, strict=False).cast(pl.Int64, strict=False),
+        trailing,
     )
 
 

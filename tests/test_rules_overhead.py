@@ -502,3 +502,20 @@ def test_tq104_leaves_per_parameter_updates_to_tq206(load_shared) -> None:
     assert analyze(trace, select="TQ104") == []
     tq206 = analyze(trace, select="TQ206")
     assert sum(f.evidence["per_tensor_ops"] for f in tq206) == 6 * 483
+
+
+def test_tq206_and_tq207_from_the_command_line(shared_trace) -> None:
+    """The same findings reach the CLI: JSON per step, and `--fail-on warning` exits 1."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    path = str(shared_trace(RESNET))
+    args = ["analyze", path, "--select", "TQ206,TQ207", "--no-config"]
+    result = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    found = json.loads(result.stdout)["findings"]
+    assert sorted((f["rule"], f["step"]) for f in found) == sorted(
+        (rule, step) for rule in ("TQ206", "TQ207") for step in range(5, 11)
+    )
+    assert CliRunner().invoke(main, [*args, "--fail-on", "warning"]).exit_code == 1

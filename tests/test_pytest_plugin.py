@@ -85,6 +85,15 @@ def test_a_slower_trace_fails_with_a_readable_report(project: pytest.Pytester) -
     )
 
 
+def test_a_limit_over_100_percent_is_read_once(pytester: pytest.Pytester) -> None:
+    """ "2000%" allows the compiled trace's 4-10x step time; read twice it became 20%."""
+    pytester.makepyfile(test_mlp=TEST_FILE.replace('"5%"', '"2000%"'))
+    use(pytester, EAGER)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    use(pytester, COMPILED)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
 def test_update_rewrites_the_baseline(project: pytest.Pytester) -> None:
     use(project, EAGER)
     project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)

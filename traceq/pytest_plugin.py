@@ -82,7 +82,7 @@ class TraceRegression:
         none yet or `--traceq-update` is given. Fails the test on a regression."""
         from traceq.load import load
         from traceq.regression.baseline import load_baseline, save_baseline
-        from traceq.regression.check import check, parse_ratio
+        from traceq.regression.check import check
         from traceq.regression.render import render_check
 
         self._calls += 1
@@ -96,7 +96,7 @@ class TraceRegression:
         result = check(
             trace,
             load_baseline(path),
-            max_regress=parse_ratio(max_regress),
+            max_regress=max_regress,  # parsed once, by check
             metrics=metrics,
             fail_on_new_findings=fail_on_new_findings,
         )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from zoo.check import matmul_precision
 from zoo.errors import ZooUsageError
 from zoo.patterns import TORCH_DTYPES, Case, Problem, dtype_name, make_inputs, validate_shape
 from zoo.patterns import variants as pattern_variants
@@ -134,9 +135,7 @@ def record_trace(
     # covers TorchScript). An entry whose device time is no measurement runs as Python
     # (Triton's interpreter): tracing every call it makes costs minutes and 100s of MB.
     with_stack = device in entry.timed_on
-    tf32_before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    try:
+    with matmul_precision(dtype):
         with (
             torch.no_grad(),
             profile(
@@ -154,8 +153,6 @@ def record_trace(
                     torch.cuda.synchronize()
                 prof.step()
         counts = Counter({e.key: e.count for e in prof.key_averages()})
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32_before
 
     return RecordedTrace(
         path=path,

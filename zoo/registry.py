@@ -13,7 +13,7 @@ This module imports neither torch nor triton: listing what exists must stay chea
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -284,8 +284,3 @@ def discover(group: str = ENTRY_POINT_GROUP) -> Zoo:
     for ep in found:
         _collect(ep.name, ep.load, entries, problems)
     return Zoo(tuple(entries), tuple(problems))
-
-
-def entries_from(items: Iterable[Entry]) -> Zoo:
-    """A `Zoo` made from given entries, without discovery (for tests and embedding)."""
-    return Zoo(tuple(items))

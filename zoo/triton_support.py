@@ -36,11 +36,6 @@ TRITON_DTYPES: tuple[str, ...] = ("float32", "tf32", "float16", "bfloat16")
 INTERPRETER_NOTE = "Triton interpreter: correctness only"
 
 
-def interpreted() -> bool:
-    """Whether Triton kernels run in the interpreter in this process."""
-    return INTERPRETED
-
-
 def requires_triton_device(device: str) -> str | None:
     """Why a Triton entry cannot run on ``device`` here, or None."""
     if device == "cpu" and not INTERPRETED:

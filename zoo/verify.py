@@ -43,7 +43,8 @@ from traceq.analyze import analyze
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import GEMM_OPERANDS, WEIGHT_NK
 from zoo.activations import activate
-from zoo.errors import UnknownActivation, ZooUsageError
+from zoo.activations import validate as validate_activation
+from zoo.errors import ZooUsageError
 from zoo.patterns import dtype_name, validate_pattern, validate_shape
 from zoo.patterns import variants as pattern_variants
 from zoo.record import record_trace
@@ -448,8 +449,7 @@ def plan_pattern(
     """
     validate_pattern(pattern)
     requested = validate_shape(tuple(shape))
-    if act not in ACTIVATIONS:
-        raise UnknownActivation(f"unknown activation {act!r}; known: {', '.join(ACTIVATIONS)}")
+    validate_activation(act)
     dtype = dtype_name(dtype)
     device = device or default_device()
     if device not in DEVICES:

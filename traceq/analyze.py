@@ -79,4 +79,4 @@ def _codes(value: Sequence[str] | str | None) -> tuple[str, ...] | None:
         return None
     items = [value] if isinstance(value, str) else list(value)
     codes = [c.strip().upper() for item in items for c in item.split(",") if c.strip()]
-    return tuple("ALL" if c == "ALL" else c for c in codes) or None
+    return tuple(codes) or None

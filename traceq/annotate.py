@@ -63,7 +63,7 @@ def annotate(
         path = find_critical_path(trace, region)
         for event in path.critical_events:
             args[event]["critical"] = True
-        added += _path_flows(path.edges, path.nodes, trace, events)
+        added += _path_flows(path.edges, trace, events)
     for finding in findings or []:
         label = f"{finding.rule} {finding.name}"
         named = [*finding.ops, *finding.kernels]
@@ -116,7 +116,7 @@ def _where(event: int, events: list[msgspec.Raw]) -> tuple[Any, Any]:
 
 
 def _path_flows(
-    edges: pl.DataFrame, nodes: pl.DataFrame, trace: Trace, events: list[msgspec.Raw]
+    edges: pl.DataFrame, trace: Trace, events: list[msgspec.Raw]
 ) -> list[dict[str, Any]]:
     """One flow (start + end event) per path edge between two different events.
 

@@ -213,10 +213,10 @@ def critical_path(trace: Trace, region: Region = None) -> CriticalPath:
     """The critical path of `region` (see `Region`); the whole trace by default."""
     start, end = window(trace, region)
     cpu = _cpu_events(trace, start, end)
-    gpu = _gpu_activities(trace, cpu)
-    nodes = _nodes(cpu, gpu)
     if cpu.height == 0:
         raise TraceError(f"no CPU op or runtime call starts in {start} .. {end} ns")
+    gpu = _gpu_activities(trace, cpu)
+    nodes = _nodes(cpu, gpu)
     parts = [p for p in (_stack_edges(cpu), *_gpu_edges(trace, cpu, gpu)) if p.height]
     edges = pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
     path_nodes, path_edges = _heaviest_path(nodes, edges)
@@ -467,7 +467,7 @@ def _queue_lengths(trace: Trace, gpu: pl.DataFrame) -> pl.DataFrame:
         parts.append(
             mine.select(
                 "event",
-                pl.Series("_queue_at_launch", depth(mine["launch_ts_ns"].to_numpy()) + 0),
+                pl.Series("_queue_at_launch", depth(mine["launch_ts_ns"].to_numpy())),
                 pl.Series("_queue_at_start", depth(mine["ts_ns"].to_numpy())),
             )
         )
@@ -495,7 +495,7 @@ def _heaviest_path(nodes: pl.DataFrame, edges: pl.DataFrame) -> tuple[pl.DataFra
     ids = nodes.select("node", "event", "start", "ts_ns")
     events = nodes["event"].to_numpy()
     half = nodes.height // 2
-    ts_all = nodes["ts_ns"].to_numpy()
+    ts = nodes["ts_ns"].to_numpy()
 
     def node_of(event: str, start: str) -> np.ndarray:
         at = np.searchsorted(events[:half], edges[event].to_numpy())
@@ -506,7 +506,7 @@ def _heaviest_path(nodes: pl.DataFrame, edges: pl.DataFrame) -> tuple[pl.DataFra
         edges.with_columns(
             pl.Series("_u", u_of, dtype=pl.Int64),
             pl.Series("_v", v_of, dtype=pl.Int64),
-            pl.Series("wall_ns", ts_all[v_of] - ts_all[u_of], dtype=pl.Int64),
+            pl.Series("wall_ns", ts[v_of] - ts[u_of], dtype=pl.Int64),
         )
         .with_columns((pl.col("wall_ns") - pl.col("weight_ns")).clip(0).alias("_cost"))
         .sort("_u", "_v", "_cost", "weight_ns", descending=[False, False, False, True])
@@ -514,7 +514,6 @@ def _heaviest_path(nodes: pl.DataFrame, edges: pl.DataFrame) -> tuple[pl.DataFra
     )
     n = nodes.height
     source = n  # a virtual start before every point: starting at v skips ts(v) - t0
-    ts = nodes["ts_ns"].to_numpy()
     t0 = int(ts.min())
     u = np.concatenate([keyed["_u"].to_numpy(), np.full(n, source)])
     v = np.concatenate([keyed["_v"].to_numpy(), np.arange(n)])

@@ -37,6 +37,11 @@ REDUCING_FUSED = r"(?i)(_red_|_per_|mean|sum|amax|amin|var|std|norm|softmax|argm
 """Fused kernels whose names say they reduce: their output shape is not their input's."""
 
 _SIG_KEYS = ["name", "input_dims", "_types_text", "_concrete_text"]
+_SIG_TEXT = [
+    pl.col("input_types").list.join("\x1f").fill_null("").alias("_types_text"),
+    pl.col("concrete_inputs").list.join("\x1f").fill_null("").alias("_concrete_text"),
+]
+"""The list arguments of a signature as text, so they can be join keys."""
 _EDGE_SCHEMA = {
     "producer": pl.Int64,
     "consumer": pl.Int64,
@@ -52,8 +57,8 @@ _EDGE_SCHEMA = {
 
 def is_semantic(name: pl.Expr) -> pl.Expr:
     """True for dispatcher ops (`aten::*`, `zoo::*`, ...) and Inductor's fused kernels."""
-    dispatcher = name.str.contains(SEMANTIC_OP) & ~name.str.starts_with(NOT_SEMANTIC_NS[0])
-    for ns in NOT_SEMANTIC_NS[1:]:
+    dispatcher = name.str.contains(SEMANTIC_OP)
+    for ns in NOT_SEMANTIC_NS:
         dispatcher = dispatcher & ~name.str.starts_with(ns)
     return dispatcher | name.str.contains(FUSED_KERNEL)
 
@@ -108,11 +113,7 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
         )
     )
     frame = (
-        top.with_columns(
-            pl.col("event").cast(pl.Int64),
-            pl.col("input_types").list.join("\x1f").fill_null("").alias("_types_text"),
-            pl.col("concrete_inputs").list.join("\x1f").fill_null("").alias("_concrete_text"),
-        )
+        top.with_columns(pl.col("event").cast(pl.Int64), *_SIG_TEXT)
         .join(_signatures(top), on=_SIG_KEYS, how="left", nulls_equal=True)
         .join(kernels, left_on="event", right_on="_root", how="left")
     )
@@ -159,8 +160,7 @@ def _signatures(top: pl.DataFrame) -> pl.DataFrame:
         "input_dims",
         "input_types",
         "concrete_inputs",
-        pl.col("input_types").list.join("\x1f").fill_null("").alias("_types_text"),
-        pl.col("concrete_inputs").list.join("\x1f").fill_null("").alias("_concrete_text"),
+        *_SIG_TEXT,
     ).unique(_SIG_KEYS, maintain_order=True)
     kinds, outputs, inputs = [], [], []
     for name, dims, types, concrete in unique.select(
@@ -274,6 +274,16 @@ def _scopes(nodes: pl.DataFrame) -> pl.DataFrame:
     return pairs.with_columns(pl.Series("_scope", scopes, dtype=pl.String))
 
 
+def _unshaped(confidence: pl.Expr, evidence: str) -> list[pl.Expr]:
+    """Columns of an edge with no input position or shape: it rests on order alone."""
+    return [
+        pl.lit(None, dtype=pl.Int64).alias("input_index"),
+        pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
+        confidence.alias("confidence"),
+        pl.lit(evidence).alias("evidence"),
+    ]
+
+
 def _blind_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     """Edges into ops that recorded no inputs (no `record_shapes`, Inductor C++ kernels).
 
@@ -291,13 +301,12 @@ def _blind_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     ).select(
         "producer",
         pl.col("event").alias("consumer"),
-        pl.lit(None, dtype=pl.Int64).alias("input_index"),
-        pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
-        pl.when(pl.col("kind") == opshapes.FUSED)
-        .then(CONFIDENCE["compiled-order"])
-        .otherwise(CONFIDENCE["order"])
-        .alias("confidence"),
-        pl.lit("order").alias("evidence"),
+        *_unshaped(
+            pl.when(pl.col("kind") == opshapes.FUSED)
+            .then(CONFIDENCE["compiled-order"])
+            .otherwise(CONFIDENCE["order"]),
+            "order",
+        ),
     )
     fused = ordered.filter(pl.col("_blind") & (pl.col("kind") == opshapes.FUSED))
     if fused.height == 0:
@@ -326,14 +335,7 @@ def _blind_edges(nodes: pl.DataFrame) -> pl.DataFrame:
             & (pl.col("_read_seq").is_null() | (pl.col("_read_seq") > pl.col("_cseq")))
         )
         .join(previous.select("producer", "consumer"), on=["producer", "consumer"], how="anti")
-        .select(
-            "producer",
-            "consumer",
-            pl.lit(None, dtype=pl.Int64).alias("input_index"),
-            pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
-            pl.lit(CONFIDENCE["unread"]).alias("confidence"),
-            pl.lit("order+unread").alias("evidence"),
-        )
+        .select("producer", "consumer", *_unshaped(pl.lit(CONFIDENCE["unread"]), "order+unread"))
     )
     return pl.concat([previous, extra])
 
@@ -378,9 +380,10 @@ def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     numbered = all_ops.filter(pl.col("sequence_number").is_not_null())
     if numbered.height == 0:
         return pl.DataFrame()
-    root = pl.Series(semantic_root(all_ops.sort("event")))
-    ordered = all_ops.sort("event").with_columns(
-        all_ops.sort("event")["event"].cast(pl.Int64).gather(root.clip(0)).alias("_root"),
+    ordered = all_ops.sort("event")
+    root = pl.Series(semantic_root(ordered))
+    ordered = ordered.with_columns(
+        ordered["event"].cast(pl.Int64).gather(root.clip(0)).alias("_root"),
         (root >= 0).alias("_has_root"),
     )
     forward = (
@@ -400,12 +403,5 @@ def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     return (
         backward.join(forward, on="sequence_number")
         .join(work, on="parent")
-        .select(
-            "producer",
-            "consumer",
-            pl.lit(None, dtype=pl.Int64).alias("input_index"),
-            pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
-            pl.lit(CONFIDENCE["fwdbwd"]).alias("confidence"),
-            pl.lit("fwdbwd").alias("evidence"),
-        )
+        .select("producer", "consumer", *_unshaped(pl.lit(CONFIDENCE["fwdbwd"]), "fwdbwd"))
     )

@@ -200,10 +200,16 @@ def tensor_edges(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None
     its consumer in the trace (threads paired at different iterations) is dropped.
     Same columns as `dataflow`, with confidence 1.0, evidence "tensor-id", inferred False.
     """
-    from traceq.dataflow import _EDGE_SCHEMA, dataflow_ops
+    from traceq.dataflow import dataflow_ops
 
     ops = dataflow_ops(trace) if ops is None else ops
-    nodes = _rooted(trace, et)
+    return _exact_edges(_rooted(trace, et), ops)
+
+
+def _exact_edges(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """`tensor_edges` from `_rooted` nodes, so a caller that has them pairs only once."""
+    from traceq.dataflow import _EDGE_SCHEMA
+
     semantic = ops.select(pl.col("event").cast(pl.Int64))
     consumers = nodes.filter(pl.col("event") == pl.col("root")).join(
         semantic, on="event", how="semi"
@@ -262,9 +268,8 @@ def tensor_edges(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None
     )
 
 
-def matched_consumers(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame) -> pl.Series:
+def _matched(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.Series:
     """Events of the `dataflow_ops` rows the ET describes: their edges are all exact."""
-    nodes = _rooted(trace, et)
     return (
         nodes.filter(pl.col("event") == pl.col("root"))
         .join(ops.select(pl.col("event").cast(pl.Int64)), on="event", how="semi")["event"]
@@ -282,8 +287,9 @@ def replace_inferred(
     parameters or inputs made before the trace): the ET is the fact. Ops it does not pair
     with (outside its window, or a thread it did not record) keep their inferred edges.
     """
-    matched = matched_consumers(trace, et, ops)
-    exact = tensor_edges(trace, et, ops)
+    nodes = _rooted(trace, et)  # pairing ET nodes with ops is the costly part: done once
+    matched = _matched(nodes, ops)
+    exact = _exact_edges(nodes, ops)
     kept = edges.filter(~pl.col("consumer").is_in(matched.implode()))
     return pl.concat([kept, exact.select(edges.columns)]).sort(
         "consumer", "input_index", "producer", nulls_last=True

@@ -26,18 +26,6 @@ from functools import lru_cache
 
 import polars as pl
 
-ARCH_BY_SM = {
-    "70": "volta",
-    "72": "volta",
-    "75": "turing",
-    "80": "ampere",
-    "86": "ampere",
-    "87": "ampere",
-    "89": "ada",
-    "90": "hopper",
-    "100": "blackwell",
-    "120": "blackwell",
-}
 ARCH_PREFIX = re.compile(r"^(?:cudnn_(?:infer|train)_)?(maxwell|pascal|volta|turing|ampere|sm\d+)_")
 
 # cuBLAS/CUTLASS precision prefixes: s = fp32 data, h = fp16, i = int8; MMA shape tells
@@ -438,11 +426,12 @@ def _cutlass(name: str, short: str) -> KernelName | None:
     conv = re.search(r"fprop|dgrad|wgrad|[Cc]onv", short)
     tile = _TILE_CUTLASS.search(short)
     mma = _MMA.search(short)
-    dtype = _type_in(short) or (_mma_dtype(mma.group(1), mma.group(2)) if mma else None)
+    named = _type_in(short)
+    dtype = named or (_mma_dtype(mma.group(1), mma.group(2)) if mma else None)
     if dtype is None and "sgemm" in short:
         dtype = "fp32"
     tensor = "tensorop" in short or "wmma" in short
-    if mma and mma.group(1) == "s" and tensor and not _type_in(short):
+    if mma and mma.group(1) == "s" and tensor and not named:
         dtype = "tf32"
     return KernelName(
         name,

@@ -339,6 +339,11 @@ def base_name(name: str) -> str:
     return op.split(".", 1)[0]
 
 
+def _plain(op: str) -> str:
+    """`add_` -> `add`: the in-place `_` dropped (dunders such as `__and__` kept)."""
+    return op[:-1] if op.endswith("_") and not op.endswith("__") else op
+
+
 def kind_of(name: str) -> str:
     """The op's kind: gemm, activation, elementwise, norm, view, fused, ... or other."""
     if re.match(FUSED_KERNEL, name):
@@ -347,7 +352,7 @@ def kind_of(name: str) -> str:
     if ns in _COLLECTIVE_NS:
         return COLLECTIVE
     op = base_name(name)
-    plain = op[:-1] if op.endswith("_") and not op.endswith("__") else op
+    plain = _plain(op)
     for kind, names in (
         (GEMM, _GEMM),
         (ACTIVATION, _ACTIVATION),
@@ -372,7 +377,7 @@ def signature(
     """Kind, data inputs and output shape of one op call; `output` is None when unknown."""
     kind = kind_of(name)
     dims = _parse(input_dims)
-    if dims is None or not isinstance(dims, list):
+    if not isinstance(dims, list):
         return Signature(kind, [], None)
     types = list(types or [])
     concrete = list(concrete or [])
@@ -384,12 +389,12 @@ def signature(
         if t not in NOT_TENSOR and _is_shape(d)
     ]
     op = base_name(name)
-    plain = op[:-1] if op.endswith("_") and not op.endswith("__") else op
+    plain = _plain(op)
     try:
         output = _output(kind, plain, op, dims, tensors, concrete)
     except (ValueError, IndexError, TypeError, ZeroDivisionError):
         output = None
-    inputs = [(i, d) for i, d in tensors if i in _data_positions(kind, plain, len(dims), i)]
+    inputs = [(i, d) for i, d in tensors if i in _data_positions(kind, plain, i)]
     if kind == VIEW and plain in ("cat", "stack"):
         inputs = []
     return Signature(kind, inputs, output)
@@ -435,7 +440,7 @@ def _bool(text: str) -> bool:
     return text.strip().lower() in ("true", "1")
 
 
-def _data_positions(kind: str, op: str, n: int, i: int) -> set[int]:
+def _data_positions(kind: str, op: str, i: int) -> set[int]:
     """Input positions that carry data (weights, biases and `out=` buffers excluded)."""
     if kind == GEMM:
         if op == "linear":
@@ -579,8 +584,6 @@ def _output(
         return _view_output(op, dims, first, concrete)
     if kind == ATTENTION:
         q, v = dims[0], dims[2]
-        if op == "_flash_attention_forward":
-            return [*q[:-1], v[-1]]
         return [*q[:-1], v[-1]]
     if kind == CONV:
         if op in _ADAPTIVE_POOL:
@@ -651,7 +654,7 @@ def _view_output(op: str, dims: list, x: Shape | None, concrete: list[str]) -> S
     if op in ("view", "reshape", "_unsafe_view", "_reshape_alias", "as_strided"):
         size = _ints(concrete[1])
         return _view(x, size) if size is not None else None
-    if op in ("expand",):
+    if op == "expand":
         size = _ints(concrete[1])
         if size is None:
             return None

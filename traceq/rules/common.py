@@ -1,5 +1,6 @@
-"""Small relations several overhead rules share: the operator a call ran under, a region's
-module. Kept apart so each rule module stays about its own pattern."""
+"""Small relations several rules share: the operator a call ran under, a region's module,
+step windows, optimizer ranges and GPU time in them. Kept apart so each rule module stays
+about its own pattern."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import polars as pl
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
+
+US = 1000.0  # ns per µs
 
 
 def outermost_operator(
@@ -58,20 +61,22 @@ def outermost_operator(
     )
 
 
-def common_module(modules: list[str]) -> str | None:
-    """Longest dotted prefix shared by `modules` (None when they share nothing)."""
-    if not modules:
+def common_module(modules: list[str | None]) -> str | None:
+    """The deepest module path enclosing all of `modules` (dotted prefix), or None."""
+    paths = [m.split(".") for m in modules if m]
+    if not paths:
         return None
-    parts = modules[0].split(".")
-    for module in modules[1:]:
-        other = module.split(".")
-        n = 0
-        while n < min(len(parts), len(other)) and parts[n] == other[n]:
-            n += 1
-        parts = parts[:n]
-        if not parts:
-            return None
-    return ".".join(parts)
+    prefix: list[str] = []
+    for parts in zip(*paths, strict=False):
+        if len(set(parts)) != 1:
+            break
+        prefix.append(parts[0])
+    return ".".join(prefix) or None
+
+
+def step_text(step: int | None) -> str:
+    """ "step 3", or "the trace" for a trace without steps (step null)."""
+    return f"step {step}" if step is not None else "the trace"
 
 
 def step_windows(trace: Trace) -> pl.DataFrame:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from traceq.kernel_names import decode
+from traceq.rules.common import common_module
 
 if TYPE_CHECKING:
     from traceq.rules.base import Context
@@ -194,11 +195,6 @@ def itemsize(dtype: pl.Expr) -> pl.Expr:
     return dtype.replace_strict(ITEMSIZE, default=4, return_dtype=pl.Int64)
 
 
-def is_tensor_type(dtype: pl.Expr) -> pl.Expr:
-    """True for `Input type` entries that name a tensor dtype (not Scalar, ScalarList, '')."""
-    return dtype.is_in(list(ITEMSIZE)) | dtype.str.starts_with("c10::")
-
-
 def _scalar_is(values: pl.Expr, index: int, target: float) -> pl.Expr:
     return values.list.get(index, null_on_oob=True).cast(pl.Float64, strict=False) == target
 
@@ -229,7 +225,7 @@ def classify(ops: pl.DataFrame) -> pl.DataFrame:
     classified = _classified(signatures)
     added = [c for c in classified.columns if c not in SIGNATURE]
     return ops.drop(added, strict=False).join(
-        _classified(signatures),
+        classified,
         on=list(SIGNATURE),
         how="left",
         nulls_equal=True,
@@ -603,17 +599,19 @@ def written_out_activations(
     )
 
 
-def common_module(modules: list[str | None]) -> str | None:
-    """The deepest module path enclosing all of `modules` (dotted-prefix), or None."""
-    paths = [m.split(".") for m in modules if m]
-    if not paths:
-        return None
-    prefix: list[str] = []
-    for parts in zip(*paths, strict=False):
-        if len(set(parts)) != 1:
-            break
-        prefix.append(parts[0])
-    return ".".join(prefix) or None
+def first_gemm_reading(ops: pl.DataFrame, edges: pl.DataFrame, alias: str) -> pl.DataFrame:
+    """`producer` and `alias`: the first GEMM (lowest event id) reading each op's output."""
+    gemms = ops.filter(pl.col("role") == "gemm").select(pl.col("event").alias("consumer"))
+    return (
+        edges.join(gemms, on="consumer")
+        .group_by("producer")
+        .agg(pl.col("consumer").min().alias(alias))
+    )
+
+
+def parent_module() -> pl.Expr:
+    """`parent_module`: an op's `module` less its last dotted part."""
+    return pl.col("module").str.replace(r"\.[^.]*$", "").alias("parent_module")
 
 
 # -- findings ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ activation of the GEMM) and TQ104 (the add is not reported again as part of a ch
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import polars as pl
@@ -134,7 +135,7 @@ def check(ctx: Context) -> Iterator[Finding]:
     for pair in pairs.iter_rows(named=True):
         gemm, add = rows[pair["gemm"]], rows[pair["add"]]
         where = located(ctx, [gemm, add])
-        bias_bytes = _numel(pair["bias_shape"]) * add["itemsize"]
+        bias_bytes = math.prod(pair["bias_shape"] or []) * add["itemsize"]
         saving = scaled_saving_us(add["time_ns"] / 1000, add["traffic_bytes"], bias_bytes)
         if saving < ctx.options["min_saving_us"]:
             continue
@@ -169,13 +170,6 @@ def check(ctx: Context) -> Iterator[Finding]:
             ),
             **where,
         )
-
-
-def _numel(shape: list[int] | None) -> int:
-    total = 1
-    for dim in shape or []:
-        total *= dim
-    return total
 
 
 RULE = check

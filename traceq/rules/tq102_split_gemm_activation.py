@@ -20,6 +20,7 @@ from traceq.rules.finding import Finding
 from traceq.rules.opclass import (
     DETAIL_COLUMNS,
     details,
+    first_gemm_reading,
     fusion_edges,
     fusion_ops,
     inner_activations,
@@ -62,12 +63,7 @@ def split_activations(
     acts = acts.join(via_bias, on=["gemm", "act_output"], how="left")
     if not include_compiled:
         acts = acts.filter(~pl.col("generated"))
-    gemms = ops.filter(pl.col("role") == "gemm").select(pl.col("event").alias("consumer"))
-    next_gemm = (
-        trusted.join(gemms, on="consumer")
-        .group_by("producer")
-        .agg(pl.col("consumer").min().alias("consumer_gemm"))
-    )
+    next_gemm = first_gemm_reading(ops, trusted, "consumer_gemm")
     return (
         acts.join(glus.select(pl.col("act_output")), on="act_output", how="anti")
         .join(next_gemm, left_on="act_output", right_on="producer", how="left")
@@ -90,12 +86,7 @@ def inner_splits(inner: pl.DataFrame, ops: pl.DataFrame, edges: pl.DataFrame) ->
     (`inner_activations`: `_addmm_activation` on the CPU). The GEMM's output is the
     activated tensor, so a GEMM reading it is the MLP's next layer; the pairing is certain
     (confidence 1), not inferred from data flow."""
-    gemms = ops.filter(pl.col("role") == "gemm").select(pl.col("event").alias("consumer"))
-    next_gemm = (
-        edges.join(gemms, on="consumer")
-        .group_by("producer")
-        .agg(pl.col("consumer").min().alias("consumer_gemm"))
-    )
+    next_gemm = first_gemm_reading(ops, edges, "consumer_gemm")
     return (
         inner.join(next_gemm, left_on="gemm", right_on="producer", how="left")
         .select(

@@ -23,17 +23,18 @@ from traceq.rules.finding import Finding
 from traceq.rules.opclass import (
     base_name,
     details,
+    first_gemm_reading,
     fusion_edges,
     fusion_ops,
     located,
     mib,
+    parent_module,
     scaled_saving_us,
     shape_text,
     written_out_activations,
 )
 
 GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "relu": "ReGLU", "sigmoid": "GLU", "tanh": "GLU"}
-_PARENT = r"\.[^.]*$"
 
 
 def gemm_activations(
@@ -121,7 +122,7 @@ def glu_patterns(
         "step",
         "tid",
         "ts_ns",
-        pl.col("module").str.replace(_PARENT, "").alias("parent_module"),
+        parent_module(),
     )
     from_act = trusted.join(
         acts.select(
@@ -177,11 +178,7 @@ def glu_patterns(
     found = pairs.filter(
         one_gemm | ((pl.col("gate") != pl.col("up")) & (same_source | same_graph_input))
     )
-    downs = (
-        trusted.join(gemm_info.select(pl.col("event").alias("consumer")), on="consumer")
-        .group_by("producer")
-        .agg(pl.col("consumer").min().alias("down"))
-    )
+    downs = first_gemm_reading(ops, trusted, "down")
     return (
         found.join(downs, left_on="mul", right_on="producer", how="left")
         .select(

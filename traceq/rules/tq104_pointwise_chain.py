@@ -35,6 +35,7 @@ from traceq.rules.tq101_split_matmul_bias import split_bias_adds
 from traceq.rules.tq102_split_gemm_activation import split_activations
 from traceq.rules.tq103_unfused_glu import glu_ops
 from traceq.rules.tq206_unfused_optimizer import per_tensor_updates
+from traceq.rules.tq207_zeroed_grads import gradient_accumulation
 
 
 def components(nodes: pl.Series, links: pl.DataFrame) -> pl.DataFrame:
@@ -199,18 +200,9 @@ def claimed_ops(ctx: Context) -> pl.Series:
             acts["act_ops"].explode(),
             adds["add"],
             per_tensor_updates(ctx)["event"],
-            gradient_accumulation(ctx),
+            gradient_accumulation(ctx)["event"],
         ]
     ).drop_nulls()
-
-
-def gradient_accumulation(ctx: Context) -> pl.Series:
-    """Ops run by autograd's `AccumulateGrad` (the `add_` into a parameter's `.grad`): one
-    per parameter, related to each other only by shape, so never a chain."""
-    ops = fusion_ops(ctx)
-    accumulators = ctx.trace.ops.filter(pl.col("name").str.ends_with("AccumulateGrad"))
-    parents = accumulators.select(pl.col("event").cast(ops["parent"].dtype).alias("parent"))
-    return ops.join(parents, on="parent", how="semi")["event"]
 
 
 DEFAULTS = {"min_ops": 3, "min_confidence": 0.4, "min_saving_us": 0.0}

@@ -23,10 +23,9 @@ from traceq.rules.opclass import (
     located,
     mib,
     numel,
+    parent_module,
     shape_text,
 )
-
-_PARENT = r"\.[^.]*$"
 
 
 def parallel_gemms(
@@ -58,7 +57,7 @@ def parallel_gemms(
         "ts_ns",
         "_seq",
         "itemsize",
-        pl.col("module").str.replace(_PARENT, "").alias("parent_module"),
+        parent_module(),
     )
     fed = (
         edges.filter(pl.col("confidence") >= min_confidence)

@@ -7,10 +7,8 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import common_module
+from traceq.rules.common import US, common_module, step_text
 from traceq.rules.finding import Finding
-
-US = 1000.0
 
 
 @rule(
@@ -145,7 +143,7 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
         residual = (row["n"] - 1) * graph_gap
         saving = max(0.0, idle_us - residual)
         span_us = row["span_ns"] / US
-        where = f"step {row['step']}" if row["step"] is not None else "the trace"
+        where = step_text(row["step"])
         yield ctx.finding(
             message=(
                 f"GPU {row['device']} idles {row['idle_share']:.0%} of {span_us:,.0f} µs in "

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import outermost_operator
+from traceq.rules.common import US, outermost_operator
 from traceq.rules.finding import Finding
 
-US = 1000.0
 SYNC_CALL = (
     r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memcpy2D|"
     r"Memcpy3D|MemcpyFromSymbol|MemcpyToSymbol|MemcpyDtoH|MemcpyHtoD)$|"

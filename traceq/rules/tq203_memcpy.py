@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import outermost_operator
+from traceq.rules.common import US, outermost_operator
 from traceq.rules.finding import Finding
 
-US = 1000.0
 HOST_COPY = r"^Memcpy (HtoD|DtoH) \((\w+) -> (\w+)\)"
 # Practical pinned-copy bandwidth by PCIe generation, used when the trace holds no pinned
 # copy large enough to measure it: PCIe 3.0 x16 ≈ 12 GB/s, 4.0 ≈ 24, 5.0 ≈ 48.

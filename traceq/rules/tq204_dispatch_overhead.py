@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import step_windows
+from traceq.rules.common import US, step_text, step_windows
 from traceq.rules.finding import Finding
 
-US = 1000.0
 # Ops that only make a new tensor header (shape, strides, aliasing) or allocate: they launch
 # no kernel and touch no data unless they fall back to a copy (then a child op shows it).
 METADATA_OPS = (
@@ -135,7 +134,7 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
             busy = gpu.get(row["step"], 0)
             factor = max(0.0, 1.0 - busy / span)
             model = f"× GPU idle share {factor:.0%} of the step (busy {busy / US:,.1f} µs)"
-        where = f"step {row['step']}" if row["step"] is not None else "the trace"
+        where = step_text(row["step"])
         summary = ", ".join(f"{n} ×{c}" for n, c, _ in names.select("name", "count", "ns").rows())
         yield ctx.finding(
             message=(

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import step_windows
+from traceq.rules.common import US, step_text, step_windows
 from traceq.rules.finding import Finding
 
-US = 1000.0
 # Dynamo/Inductor compile phases (`dynamo_timed` ranges, recorded as CPU ops).
 COMPILE = (
     r"^(dynamo|entire_frame_compile|_compile\.compile_inner|compile_attempt_\d+|backend_compile|"
@@ -121,7 +120,7 @@ def _compilations(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
         top = ", ".join(f"{PHASES[name]} {us / 1e6:,.2f} s" for name, us in phases.items())
         yield ctx.finding(
             message=(
-                f"torch.compile {kind} inside {_where(row['step'])}: {cost / 1e6:,.2f} s"
+                f"torch.compile {kind} inside {step_text(row['step'])}: {cost / 1e6:,.2f} s"
                 + (f" ({top})" if top else "")
             ),
             step=row["step"],
@@ -209,7 +208,7 @@ def _per_call(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
             severity="info",
             message=(
                 f"torch.compile per-call overhead (guards + wrapper of {k} compiled "
-                f"region{'s' if k > 1 else ''}) is {share:.0%} of {_where(row['step'])} "
+                f"region{'s' if k > 1 else ''}) is {share:.0%} of {step_text(row['step'])} "
                 f"({cost:,.1f} µs)"
             ),
             step=row["step"],
@@ -272,10 +271,6 @@ def _contained(spans: pl.DataFrame, items: pl.DataFrame, value: str) -> pl.DataF
     )
     pairs = pairs.filter((pl.col("ts_ns") >= pl.col("_s")) & (pl.col("ts_ns") < pl.col("end_ns")))
     return pairs.group_by("event").agg(pl.col(value).sum())
-
-
-def _where(step: int | None) -> str:
-    return f"step {step}" if step is not None else "the trace"
 
 
 RULE = compile_overhead

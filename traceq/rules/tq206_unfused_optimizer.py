@@ -7,11 +7,10 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import gpu_busy_in, in_ranges, optimizer_ranges
+from traceq.rules.common import US, gpu_busy_in, in_ranges, optimizer_ranges
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import fusion_ops
 
-US = 1000.0
 #: Multi-tensor (`_foreach_add_`) and fused (`_fused_adam_`) updates: already batched.
 BATCHED = r"^aten::_(?:foreach|fused)_"
 #: What `fix` names per optimizer: `fused=True` exists for these, `foreach=True` for all.
@@ -26,9 +25,13 @@ def per_tensor_updates(ctx: Context) -> pl.DataFrame:
     return ctx.cached("per_tensor_updates", lambda: _per_tensor_updates(ctx))
 
 
+def _step_ranges(ctx: Context) -> pl.DataFrame:
+    return ctx.cached("optimizer_ranges.step", lambda: optimizer_ranges(ctx.trace, "step"))
+
+
 def _per_tensor_updates(ctx: Context) -> pl.DataFrame:
     ops = fusion_ops(ctx)
-    inside = in_ranges(ops, optimizer_ranges(ctx.trace, "step"))
+    inside = in_ranges(ops, _step_ranges(ctx))
     batched = inside.filter(pl.col("name").str.contains(BATCHED))["region"].unique()
     return inside.filter(
         pl.col("role").is_in(["elementwise", "activation"])
@@ -82,7 +85,7 @@ def unfused_optimizer(ctx: Context) -> Iterator[Finding]:
     updates = per_tensor_updates(ctx)
     if updates.height == 0:
         return
-    regions = optimizer_ranges(ctx.trace, "step")
+    regions = _step_ranges(ctx)
     busy = gpu_busy_in(ctx.trace.kernels, regions)
     per_region = (
         updates.group_by("region")

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import gpu_busy_in, in_ranges, optimizer_ranges
+from traceq.rules.common import US, gpu_busy_in, in_ranges, optimizer_ranges
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import fusion_ops
 
-US = 1000.0
 #: Ops that zero a gradient in place (`zero_` runs `fill_`; `_foreach_zero_` a whole list).
 ZEROING = ("aten::zero_", "aten::fill_", "aten::_foreach_zero_")
 #: Autograd's node that writes a leaf's gradient; with a zeroed `.grad` it runs an `add_`.
@@ -66,7 +65,8 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
     gpu = ctx.device.kind == "gpu"
     busy = gpu_busy_in(ctx.trace.kernels, regions) if gpu else None
     adds = (
-        _accumulating_adds(ctx, ops)
+        gradient_accumulation(ctx)
+        .filter(pl.col("name") == "aten::add_")
         .group_by("step")
         .agg(
             pl.col("event").alias("add_ops"),
@@ -132,11 +132,17 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
         )
 
 
-def _accumulating_adds(ctx: Context, ops: pl.DataFrame) -> pl.DataFrame:
-    """`add_` semantic ops run by autograd's `AccumulateGrad` nodes, with their `step`."""
-    nodes = ctx.trace.ops.filter(pl.col("name").str.ends_with(ACCUMULATE))
-    parents = nodes.select(pl.col("event").cast(ops["parent"].dtype).alias("parent"))
-    return ops.filter(pl.col("name") == "aten::add_").join(parents, on="parent", how="semi")
+def gradient_accumulation(ctx: Context) -> pl.DataFrame:
+    """Semantic ops run by autograd's `AccumulateGrad` nodes (the `add_` into a parameter's
+    `.grad`), computed once per analysis (TQ104 leaves them out of chains)."""
+
+    def build() -> pl.DataFrame:
+        ops = fusion_ops(ctx)
+        nodes = ctx.trace.ops.filter(pl.col("name").str.ends_with(ACCUMULATE))
+        parents = nodes.select(pl.col("event").cast(ops["parent"].dtype).alias("parent"))
+        return ops.join(parents, on="parent", how="semi")
+
+    return ctx.cached("gradient_accumulation", build)
 
 
 RULE = zeroed_grads

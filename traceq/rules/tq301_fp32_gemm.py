@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
+from traceq.rules.common import US
 from traceq.rules.finding import Finding
 
-US = 1000.0
 FP32_BYTES = 4
 
 

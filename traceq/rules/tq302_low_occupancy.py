@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
+from traceq.rules.common import US
 from traceq.rules.finding import Finding
 
-US = 1000.0
 # Vendor GEMM/conv kernels pick low occupancy on purpose (large register tiles hide latency
 # with instruction-level parallelism); only an under-filled grid is flagged for them.
 TUNED_LIBRARIES = (

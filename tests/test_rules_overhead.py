@@ -519,3 +519,14 @@ def test_tq206_and_tq207_from_the_command_line(shared_trace) -> None:
         (rule, step) for rule in ("TQ206", "TQ207") for step in range(5, 11)
     )
     assert CliRunner().invoke(main, [*args, "--fail-on", "warning"]).exit_code == 1
+
+
+def test_tied_evidence_is_the_same_every_run(load_shared) -> None:
+    """TQ201's top ops break ties by name and TQ302's module takes the first of equally
+    common ones: findings (and the regression keys built from them) do not flicker."""
+    trace = load_shared(RESNET)
+    for finding in analyze(trace, select="TQ201"):
+        top = [(-op["kernels"], op["name"]) for op in finding.evidence["top_ops"]]
+        assert top == sorted(top)
+    runs = [[(f.rule, f.module, f.message) for f in analyze(trace)] for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]

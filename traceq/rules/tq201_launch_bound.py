@@ -195,7 +195,7 @@ def _top_ops(ctx: Context, regions: pl.DataFrame, n: int = 5) -> dict[int, list[
         .join(counts.rename({"op_event": "event"}), on="event", how="left")
         .group_by("_run", "name")
         .agg(pl.col("kernels").sum())
-        .sort("kernels", descending=True)
+        .sort("kernels", "name", descending=[True, False])  # ties by name: same every run
         .group_by("_run", maintain_order=True)
         .head(n)
     )

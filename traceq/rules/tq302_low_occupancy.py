@@ -110,7 +110,7 @@ def low_occupancy(ctx: Context) -> Iterator[Finding]:
             pl.col("grid").first(),
             pl.col("event"),
             pl.col("op_event").drop_nulls().unique(maintain_order=True),
-            pl.col("module").drop_nulls().mode().first(),
+            pl.col("module").drop_nulls().mode().sort().first(),  # ties: the same every run
         )
         .with_columns((pl.col("ns") / total_ns).alias("share"))
         .filter(pl.col("share") >= ctx.options["min_share"])

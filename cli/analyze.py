@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.common import load, progress
+from cli.common import load, progress, trace_argument
 from traceq.analyze import analysis
 from traceq.report import FORMATS, Report, build_report, render
 from traceq.rules.config import Config, ConfigError, find_config, load_config, parse_options
@@ -32,7 +32,7 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 
 @click.command()
-@click.argument("trace", type=click.Path())
+@trace_argument
 @click.option("--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)")
 @click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")
 @click.option(

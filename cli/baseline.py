@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.common import load
+from cli.common import load, trace_argument
 from traceq.regression.baseline import save_baseline
 
 
@@ -14,7 +14,7 @@ def baseline() -> None:
 
 
 @baseline.command()
-@click.argument("trace", type=click.Path())
+@trace_argument
 @click.option(
     "-o",
     "--output",

@@ -6,14 +6,14 @@ import sys
 
 import click
 
-from cli.common import progress
+from cli.common import progress, trace_argument
 from traceq.regression.check import check as run_check
 from traceq.regression.check import parse_ratio
 from traceq.regression.render import FORMATS, render_check
 
 
 @click.command()
-@click.argument("trace", type=click.Path())
+@trace_argument
 @click.option(
     "--baseline",
     "baseline_path",

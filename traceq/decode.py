@@ -120,10 +120,8 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
     try:
         top = _TOP.decode(buf)
     except msgspec.ValidationError:
-        kind = type(msgspec.json.decode(buf)).__name__
         raise TraceFormatError(
-            f"not a trace: the JSON document is {_JSON_TYPES.get(kind, kind)}, "
-            "not an object with 'traceEvents'"
+            f"not a trace: the JSON document is {_json_type(buf)}, not an object with 'traceEvents'"
         ) from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(_json_problem(str(exc), buf)) from None
@@ -141,13 +139,17 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
         try:
             slices = _EVENT_SLICES.decode(events_json)
         except msgspec.ValidationError:
-            kind = type(msgspec.json.decode(events_json)).__name__
             raise TraceSchemaError(
-                f"not a trace: 'traceEvents' is {_JSON_TYPES.get(kind, kind)}, not a list"
+                f"not a trace: 'traceEvents' is {_json_type(events_json)}, not a list"
             ) from None
     events = _parse_events(slices)
     _validate(events, slices)
     return Decoded(metadata=metadata, events=events)
+
+
+def _json_type(raw: bytes | bytearray | memoryview | msgspec.Raw) -> str:
+    kind = type(msgspec.json.decode(raw)).__name__
+    return _JSON_TYPES.get(kind, kind)
 
 
 def _without_bom(buf: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
@@ -232,8 +234,7 @@ def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchem
         try:
             _STRICT.decode(raw)
         except msgspec.DecodeError as err:
-            where = str(err).replace("`$.", "'").replace("`", "'")
-            return TraceSchemaError(f"event {start + offset}: {where}")
+            return _strict_problem(start + offset, err)
     first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return TraceSchemaError(f"events {start}..{start + len(batch) - 1}: {first_line}")
 
@@ -333,8 +334,13 @@ def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
         try:
             _STRICT.decode(slices[event])
         except msgspec.DecodeError as err:
-            where = str(err).replace("`$.", "'").replace("`", "'")
-            raise TraceSchemaError(f"event {event}: {where}") from None
+            raise _strict_problem(event, err) from None
+
+
+def _strict_problem(event: int, err: msgspec.DecodeError) -> TraceSchemaError:
+    """msgspec's message with its `$.field` paths written as the event's 'field'."""
+    where = str(err).replace("`$.", "'").replace("`", "'")
+    return TraceSchemaError(f"event {event}: {where}")
 
 
 def _require(events: pl.DataFrame, bad: pl.Expr, problem: str) -> None:

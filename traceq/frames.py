@@ -356,10 +356,11 @@ def flows(points: pl.DataFrame) -> pl.DataFrame:
             suffix="_end",
         )
         .rename(
-            {"event": "start_event", "pid": "start_pid", "tid": "start_tid", "ts_ns": "start_ts_ns"}
-        )
-        .rename(
             {
+                "event": "start_event",
+                "pid": "start_pid",
+                "tid": "start_tid",
+                "ts_ns": "start_ts_ns",
                 "event_end": "end_event",
                 "pid_end": "end_pid",
                 "tid_end": "end_tid",
@@ -405,7 +406,7 @@ def threads(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def modeled(events: pl.DataFrame) -> pl.Expr:
+def modeled() -> pl.Expr:
     """True for events that one of the frames above models."""
     cat = _cat()
     known = (
@@ -424,6 +425,6 @@ def modeled(events: pl.DataFrame) -> pl.Expr:
 
 def other(events: pl.DataFrame) -> pl.DataFrame:
     """Events no frame models (e.g. `Trace` spans, CUPTI ranges, unknown categories)."""
-    return events.filter(~modeled(events)).select(
+    return events.filter(~modeled()).select(
         "event", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"
     )

@@ -36,6 +36,7 @@ STREAM_SYNC = r"(?i)^(cuda|hip)StreamSynchronize$|^cuStreamSynchronize$"
 SYNC_MEMCPY = r"(?i)^(cuda|hip)Memcpy(\w*)$|^cuMemcpy\w*$"
 GRAPH_LAUNCH = r"(?i)^(cuda|hip)GraphLaunch|^cuGraphLaunch"
 _EDGE_SCHEMA = {"src": pl.Int64, "dst": pl.Int64, "kind": pl.String}
+_WAIT_SCHEMA = {"src": pl.Int64, "dst": pl.Int64, "sync": pl.Int64, "call": pl.Int64}
 
 
 # -- GPU side -------------------------------------------------------------------------------
@@ -135,30 +136,25 @@ def stream_waits(trace: Trace, activities: pl.DataFrame | None = None) -> pl.Dat
     """
     candidates = trace.syncs.filter(pl.col("name") == "Stream Wait Event")
     if candidates.height == 0:
-        return pl.DataFrame(
-            schema={"src": pl.Int64, "dst": pl.Int64, "sync": pl.Int64, "call": pl.Int64}
-        )
+        return pl.DataFrame(schema=_WAIT_SCHEMA)
     activities = launched(trace) if activities is None else activities
     calls = _runtime_by_correlation(trace)
     waits = (
         candidates.filter(
-            (pl.col("name") == "Stream Wait Event")
-            & (pl.col("wait_on_record_correlation") >= 0)
-            & (pl.col("wait_on_stream") >= 0)
+            (pl.col("wait_on_record_correlation") >= 0) & (pl.col("wait_on_stream") >= 0)
         )
         .join(calls, on="correlation", how="inner")
         .join(
             calls.select(
-                pl.col("correlation").alias("wait_on_record_correlation"), "call_ts"
-            ).rename({"call_ts": "record_ts"}),
+                pl.col("correlation").alias("wait_on_record_correlation"),
+                pl.col("call_ts").alias("record_ts"),
+            ),
             on="wait_on_record_correlation",
             how="inner",
         )
     )
     if waits.height == 0:
-        return pl.DataFrame(
-            schema={"src": pl.Int64, "dst": pl.Int64, "sync": pl.Int64, "call": pl.Int64}
-        )
+        return pl.DataFrame(schema=_WAIT_SCHEMA)
     src = _last_launched_before(waits, activities, "record_ts", "wait_on_stream")
     later = (
         activities.filter(pl.col("launch_ts_ns").is_not_null())
@@ -311,7 +307,6 @@ def _host_waits_from_names(trace: Trace, activities: pl.DataFrame) -> pl.DataFra
     ).join(
         trace.runtime.filter(pl.col("name").str.contains(SYNC_MEMCPY)).select(
             pl.col("event").cast(pl.Int64).alias("runtime_event"),
-            pl.col("name").alias("call_name"),
             pl.col("ts_ns").alias("call_ts"),
             pl.col("end_ns").alias("call_end"),
         ),
@@ -319,9 +314,7 @@ def _host_waits_from_names(trace: Trace, activities: pl.DataFrame) -> pl.DataFra
     )
     parts.append(
         copies.filter(
-            pl.col("call_name").str.contains(SYNC_MEMCPY)
-            & (pl.col("end_ns") <= pl.col("call_end"))
-            & (pl.col("end_ns") > pl.col("call_ts"))
+            (pl.col("end_ns") <= pl.col("call_end")) & (pl.col("end_ns") > pl.col("call_ts"))
         ).select(
             pl.col("event").alias("src"),
             pl.col("runtime_event").alias("dst"),
@@ -334,13 +327,10 @@ def _host_waits_from_names(trace: Trace, activities: pl.DataFrame) -> pl.DataFra
 # -- CPU side -------------------------------------------------------------------------------
 
 
-def cpu_events(trace: Trace, level: Level) -> pl.DataFrame:
-    """CPU nodes: ops and runtime calls (`full`), or only the runtime calls that launch GPU
-    work or wait for it (`kernel`). Columns event, kind, name, pid, tid, ts_ns, dur_ns,
-    end_ns."""
-    runtime = trace.runtime.select(
+def _cpu_nodes(frame: pl.DataFrame, kind: str) -> pl.DataFrame:
+    return frame.select(
         pl.col("event").cast(pl.Int64),
-        pl.lit("runtime").alias("kind"),
+        pl.lit(kind).alias("kind"),
         "name",
         "pid",
         "tid",
@@ -348,25 +338,30 @@ def cpu_events(trace: Trace, level: Level) -> pl.DataFrame:
         "dur_ns",
         "end_ns",
     )
+
+
+def cpu_events(
+    trace: Trace,
+    level: Level,
+    *,
+    host: pl.DataFrame | None = None,
+    waits: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """CPU nodes: ops and runtime calls (`full`), or only the runtime calls that launch GPU
+    work or wait for it (`kernel`). Columns event, kind, name, pid, tid, ts_ns, dur_ns,
+    end_ns. `host`/`waits`: `host_waits`/`stream_waits` when the caller has them already."""
+    runtime = _cpu_nodes(trace.runtime, "runtime")
     if level == "kernel":
-        waiting = host_waits(trace).select(pl.col("dst").alias("event"))
-        stream_calls = stream_waits(trace).select(pl.col("call").alias("event"))
+        host = host_waits(trace) if host is None else host
+        waits = stream_waits(trace) if waits is None else waits
+        waiting = host.select(pl.col("dst").alias("event"))
+        stream_calls = waits.select(pl.col("call").alias("event"))
         launching = trace.runtime.filter(
             pl.col("name").str.contains(LAUNCH_API) | pl.col("name").str.contains(GRAPH_LAUNCH)
         ).select(pl.col("event").cast(pl.Int64))
         keep = pl.concat([launching, waiting, stream_calls]).unique()
         return runtime.join(keep, on="event", how="semi")
-    ops = trace.ops.select(
-        pl.col("event").cast(pl.Int64),
-        pl.lit("op").alias("kind"),
-        "name",
-        "pid",
-        "tid",
-        "ts_ns",
-        "dur_ns",
-        "end_ns",
-    )
-    return pl.concat([ops, runtime])
+    return pl.concat([_cpu_nodes(trace.ops, "op"), runtime])
 
 
 def cpu_order_edges(events: pl.DataFrame) -> pl.DataFrame:
@@ -423,8 +418,9 @@ def fwdbwd_edges(trace: Trace) -> pl.DataFrame:
 def graph_edges(trace: Trace, level: Level = "kernel") -> pl.DataFrame:
     """Every dependency edge of the `level` graph: src, dst (event ids), kind."""
     activities = launched(trace)
-    cpu = cpu_events(trace, level)
     waits = stream_waits(trace, activities)
+    host = host_waits(trace, activities)
+    cpu = cpu_events(trace, level, host=host, waits=waits)
     parts = [
         stream_edges(activities),
         launch_edges(activities).join(
@@ -432,7 +428,7 @@ def graph_edges(trace: Trace, level: Level = "kernel") -> pl.DataFrame:
         ),
         cpu_order_edges(cpu),
         waits.select("src", "dst", pl.lit("cross_stream_sync").alias("kind")),
-        host_waits(trace, activities).select("src", "dst", pl.lit("host_sync").alias("kind")),
+        host.select("src", "dst", pl.lit("host_sync").alias("kind")),
     ]
     if level == "full":
         parts.append(fwdbwd_edges(trace))

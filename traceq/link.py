@@ -151,19 +151,18 @@ def modules(python: pl.DataFrame) -> pl.DataFrame:
     rows = python.filter(pl.col("is_module"))
     (group,) = _groups(rows)
     parent = parents(*_intervals(rows, group))
-    names = rows["name"].str.strip_prefix(MODULE_PREFIX).to_list()
-    paths = list(names)
+    names = rows["name"].str.strip_prefix(MODULE_PREFIX)
+    paths = names.to_numpy().astype(object)
     # Paths are strings built root-first; depth is small, so this walks levels, not rows.
     depth = depths(parent)
-    order = np.argsort(depth, kind="stable")
-    for i in order:
-        if parent[i] != NONE:
-            paths[i] = f"{paths[parent[i]]}.{names[i]}"
+    for level in range(1, int(depth.max(initial=0)) + 1):
+        at = np.flatnonzero(depth == level)
+        paths[at] = paths[parent[at]] + "." + paths[at]
     return rows.select(
         "event", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "python_id"
     ).with_columns(
-        pl.Series("module", names, dtype=pl.String),
-        pl.Series("path", paths, dtype=pl.String),
+        names.alias("module"),
+        pl.Series("path", paths.tolist(), dtype=pl.String),
         _events_at(rows, parent).alias("parent"),
         pl.Series("depth", depth),
     )

@@ -26,7 +26,6 @@ def parents(group: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     g, e = group[order], end[order]
     guess = np.arange(-1, n - 1, dtype=np.int64)
     guess[1:][g[1:] != g[:-1]] = NONE
-    guess[0] = NONE
     todo = np.flatnonzero(guess >= 0)
     while todo.size:
         cand = guess[todo]

@@ -54,11 +54,9 @@ def read_bytes(
         if path.is_dir():
             raise TraceFileError("is a directory, not a trace file")
         try:
-            if path.stat().st_size > limit:
-                raise TraceTooLargeError(
-                    f"is {_size(path.stat().st_size)}, over the {_size(limit)} limit "
-                    "(set TRACEQ_MAX_BYTES to allow more)"
-                )
+            size = path.stat().st_size
+            if size > limit:
+                raise _too_large(size, limit)
             raw = path.read_bytes()
         except FileNotFoundError:
             raise TraceFileError("no such file") from None
@@ -76,11 +74,14 @@ def read_bytes(
     if raw[:2] == GZIP_MAGIC:
         return gunzip(raw, max_bytes=limit)
     if len(raw) > limit:
-        raise TraceTooLargeError(
-            f"is {_size(len(raw))}, over the {_size(limit)} limit "
-            "(set TRACEQ_MAX_BYTES to allow more)"
-        )
+        raise _too_large(len(raw), limit)
     return raw
+
+
+def _too_large(size: int, limit: int) -> TraceTooLargeError:
+    return TraceTooLargeError(
+        f"is {_size(size)}, over the {_size(limit)} limit (set TRACEQ_MAX_BYTES to allow more)"
+    )
 
 
 def gunzip(raw: bytes, *, max_bytes: int = MAX_BYTES) -> bytearray:

@@ -11,23 +11,6 @@ import polars as pl
 
 from traceq.link import LAUNCH_API
 
-FRAME_NAMES = (
-    "ops",
-    "kernels",
-    "runtime",
-    "annotations",
-    "steps",
-    "python",
-    "modules",
-    "flows",
-    "flow_points",
-    "syncs",
-    "counters",
-    "instants",
-    "threads",
-    "other",
-)
-
 
 @dataclass
 class Trace:
@@ -225,12 +208,12 @@ class Trace:
         ops = self.ops
         if isinstance(target, int):
             roots = ops.filter(pl.col("event") == target)
-        elif ops.filter(pl.col("name") == target).height:
-            roots = ops.filter(pl.col("name") == target)
         else:
-            module = pl.col("module")
-            under = (module == target) | module.str.starts_with(f"{target}.")
-            return self.kernels.filter(under).sort("ts_ns")
+            roots = ops.filter(pl.col("name") == target)
+            if roots.height == 0:
+                module = pl.col("module")
+                under = (module == target) | module.str.starts_with(f"{target}.")
+                return self.kernels.filter(under).sort("ts_ns")
         selected = roots.select("event")
         frontier = selected
         while frontier.height:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.common import load, progress, trace_argument
+from cli.common import load, progress, split_codes, trace_argument
 from traceq.analyze import analysis
 from traceq.report import FORMATS, Report, build_report, render
 from traceq.rules.config import Config, ConfigError, find_config, load_config, parse_options
@@ -24,11 +24,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from traceq import Trace
-
-
-def _split(values: tuple[str, ...]) -> list[str]:
-    """`--select TQ1,TQ201 --select TQ3` -> ['TQ1', 'TQ201', 'TQ3']."""
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
 @click.command()
@@ -87,8 +82,8 @@ def analyze(
     with progress("Analyzing ..."):
         result = analysis(
             loaded,
-            select=_split(select) or None,
-            ignore=_split(ignore),
+            select=split_codes(select) or None,
+            ignore=split_codes(ignore),
             config=config,
             options=parsed,
         )

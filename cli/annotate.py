@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from cli.common import load, trace_argument
-from cli.critical_path import _region
+from cli.common import load, split_codes, trace_argument
+from cli.critical_path import region_of
 from traceq import analyze
 from traceq import annotate as marking
 
@@ -56,10 +56,10 @@ def annotate(
     """Write a copy of TRACE for Perfetto UI / chrome://tracing with the critical path drawn
     as flows (category critical_path), `args.critical` set on its events, and each finding's
     events marked with `args.traceq_findings` and an instant marker."""
-    region = _region(step, annotation, instance, window)
+    region = region_of(step, annotation, instance, window)
     loaded = load(trace)
     findings = (
-        analyze(loaded, select=list(select) or None, ignore=list(ignore) or None)
+        analyze(loaded, select=split_codes(select) or None, ignore=split_codes(ignore) or None)
         if with_findings
         else []
     )

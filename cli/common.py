@@ -20,6 +20,11 @@ FORMAT = click.Choice(["text", "json"])
 trace_argument = click.argument("trace", type=click.Path())
 
 
+def split_codes(values: tuple[str, ...]) -> list[str]:
+    """`--select TQ1,TQ201 --select TQ3` -> ['TQ1', 'TQ201', 'TQ3']."""
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
 @contextlib.contextmanager
 def progress(message: str, *, delay: float = 1.0) -> Iterator[None]:
     """A spinner on stderr, shown only on a TTY and only once work takes over `delay` s."""

@@ -44,7 +44,7 @@ def critical_path(
 ) -> None:
     """Show the critical path of TRACE (the whole trace, a step, an annotation or a
     window): its length, what it is made of, and the events with most time on it."""
-    region = _region(step, annotation, instance, window)
+    region = region_of(step, annotation, instance, window)
     path = paths.critical_path(load(trace), region)
     data = path.to_dict(top=top_n)
     if fmt == "json":
@@ -82,9 +82,10 @@ def critical_path(
     console.print(heaviest)
 
 
-def _region(
+def region_of(
     step: int | None, annotation: str | None, instance: int, window: tuple[int, int] | None
 ) -> Region:
+    """The one region `--step`, `--annotation` (+ `--instance`) or `--window` names."""
     chosen = [x for x in (step, annotation, window) if x is not None]
     if len(chosen) > 1:
         raise TraceError("choose one of --step, --annotation and --window")

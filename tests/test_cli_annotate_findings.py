@@ -36,3 +36,10 @@ def test_no_findings_leaves_only_the_critical_path(tmp_path: Path) -> None:
     events = _annotated(tmp_path, "--no-findings")
     assert not [e for e in events if "traceq_findings" in e.get("args", {})]
     assert [e for e in events if e.get("cat") == "critical_path"]
+
+
+def test_select_takes_comma_separated_codes_as_analyze_does(tmp_path: Path) -> None:
+    findings = traceq.analyze(traceq.load(FIXTURE), select=["TQ102", "TQ204"])
+    events = _annotated(tmp_path, "--select", "TQ102,TQ204")
+    markers = [e for e in events if e.get("cat") == "traceq_finding"]
+    assert len(markers) == len(findings) == 3  # read as two codes, not one unknown selector

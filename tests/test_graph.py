@@ -225,3 +225,14 @@ def test_kernel_graph_of_a_216k_event_trace_is_small_and_quick(load_shared) -> N
         kinds[data["kind"]].add(dst)
     assert set(synced) <= kinds["host_sync"]
     assert elapsed < 10  # ~1.5 s here, networkx being most of it
+
+
+@pytest.mark.parametrize("relpath", [ALEXNET, MULTI_STREAM])
+def test_two_loads_give_the_same_rows_in_the_same_order(shared_trace, relpath: str) -> None:
+    """Ties (flows starting together, activities starting together) are broken by event id,
+    so frames and edges do not reorder between runs (a baseline diff would flicker)."""
+    first, second = (traceq.load(shared_trace(relpath)) for _ in range(2))
+    assert first.flows.equals(second.flows)
+    assert host_waits(first).equals(host_waits(second))
+    for level in ("op", "kernel"):
+        assert graph_edges(first, level=level).equals(graph_edges(second, level=level))

@@ -367,7 +367,7 @@ def flows(points: pl.DataFrame) -> pl.DataFrame:
                 "ts_ns_end": "end_ts_ns",
             }
         )
-        .sort("start_ts_ns", nulls_last=True)
+        .sort("start_ts_ns", "start_event", "end_event", nulls_last=True)  # same every run
     )
 
 

@@ -208,20 +208,24 @@ def host_waits(trace: Trace, activities: pl.DataFrame | None = None) -> pl.DataF
         waits = _host_waits_from_syncs(trace, activities)
     else:
         waits = _host_waits_from_names(trace, activities)
-    return waits.unique(["src", "dst"], keep="first", maintain_order=True)
+    # Joins leave rows in no set order: sort, so the same trace gives the same frame.
+    return waits.unique(["src", "dst"], keep="first", maintain_order=True).sort("dst", "src")
 
 
 def _last_started_before(
     probes: pl.DataFrame, activities: pl.DataFrame, by: list[str], at: str
 ) -> pl.DataFrame:
-    """For each probe row and each matching stream: the last activity started before `at`."""
-    started = activities.select(*by, "stream", "ts_ns", pl.col("event").alias("src")).sort("ts_ns")
-    streams = activities.select(*by, "stream").unique()
+    """For each probe row (a runtime call `dst`) and each matching stream: the last activity
+    started before `at`."""
+    started = activities.select(*by, "stream", "ts_ns", pl.col("event").alias("src")).sort(
+        "ts_ns", "src"
+    )  # ties broken by event id, here and below: the same answer every run
+    streams = activities.select(*by, "stream").unique(maintain_order=True)
     expanded = (
         probes.join(streams, on=by, how="inner") if "stream" not in probes.columns else probes
     )
     return (
-        expanded.sort(at)
+        expanded.sort(at, "dst", "stream")
         .join_asof(
             started,
             left_on=at,

@@ -216,7 +216,9 @@ def task_traceq_cp(path: str, region: Any = None) -> dict[str, Any]:
     """``trace.critical_path()`` over the whole trace, after a (separately timed) load."""
     traceq, import_seconds = _import_traceq("load")
     start = time.perf_counter()
-    importlib.import_module("traceq.critical_path")  # networkx, scipy: imports, timed apart
+    importlib.import_module(
+        "traceq.relations.critical_path"
+    )  # networkx, scipy: imports, timed apart
     import_seconds += time.perf_counter() - start
     load, trace = _timed(lambda: traceq.load(path))
     if not hasattr(trace, "critical_path"):

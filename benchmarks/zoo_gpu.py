@@ -1,7 +1,7 @@
 """Check and time the whole kernel zoo on a GPU at the post's MLP shapes; one table + JSON.
 
 Shapes: a Linear+GELU MLP of 8192 rows, dim 768, hidden 3072, and the GLU MLP of the same
-sizes, in bf16. Every entry goes through ``zoo.check`` (numerics against float64 on every
+sizes, in bf16. Every entry goes through ``traceq.zoo.check`` (numerics against float64 on every
 case, then ``do_bench`` medians beside the eager split reference and ``torch.compile``),
 and three targets are measured:
 
@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# traceq.zoo lives in zoo/ but imports as traceq.zoo only once installed (pip install -e .).
 
 ROWS, DIM, HIDDEN = 8192, 768, 3072
 DTYPE = "bfloat16"
@@ -71,7 +70,7 @@ def _no_gpu(message: str) -> int:
 
 
 def _ms(fn: Callable[[], object]) -> float:
-    from zoo.timing import median_ms
+    from traceq.zoo.timing import median_ms
 
     return median_ms(fn, "cuda")[0]
 
@@ -131,9 +130,8 @@ def glu_bandwidth_target(reports: dict[tuple[str, str], Any]) -> Target:
 def dual_gemm_target(reports: dict[tuple[str, str], Any]) -> Target:
     """dual_gemm_glu against the best split: two GEMMs plus the fastest fused GLU."""
     import torch
-
-    from zoo.glu.liger import requires_liger
-    from zoo.glu.triton import glu_triton
+    from traceq.zoo.glu.liger import requires_liger
+    from traceq.zoo.glu.triton import glu_triton
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(ROWS, DIM, device="cuda", generator=g).to(torch.bfloat16)
@@ -143,7 +141,7 @@ def dual_gemm_target(reports: dict[tuple[str, str], Any]) -> Target:
         "mm + mm + triton glu": _ms(lambda: glu_triton(x @ w_gate.t(), x @ w_up.t(), "silu"))
     }
     if requires_liger("cuda") is None:
-        from zoo.glu.liger import glu_liger
+        from traceq.zoo.glu.liger import glu_liger
 
         splits["mm + mm + liger swiglu"] = _ms(
             lambda: glu_liger(x @ w_gate.t(), x @ w_up.t(), "silu")
@@ -242,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         return _no_gpu("no CUDA GPU here (torch.cuda.is_available() is False); nothing to time")
 
-    from zoo.check import check
-    from zoo.registry import discover
+    from traceq.zoo.check import check
+    from traceq.zoo.registry import discover
 
     found = discover()
     for problem in found.problems:

@@ -1,6 +1,6 @@
 """`traceq analyze TRACE`: findings with evidence and estimated savings, in four formats.
 
-`--check-fixes` also proves each fusion finding's fix with the kernel zoo (`zoo.verify`):
+`--check-fixes` also proves each fusion finding's fix with the kernel zoo (`traceq.zoo.verify`):
 the zoo, and torch with it, is imported only then.
 
 Exit status: 0, or 1 when a finding is at or above `--fail-on`, or 2 on bad input.
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from traceq.cli.common import load, progress, split_codes, trace_argument
 
-from cli.common import load, progress, split_codes, trace_argument
 from traceq.analyze import analysis
-from traceq.report import FORMATS, Report, build_report, render
+from traceq.reports import FORMATS, Report, build_report, render
 from traceq.rules.config import Config, ConfigError, find_config, load_config, parse_options
 from traceq.rules.finding import SEVERITIES
 
@@ -105,10 +105,10 @@ def analyze(
 
 
 def _fix_checker() -> Callable[..., dict[str, dict[str, Any]]]:
-    """`zoo.verify.check_fixes`, or one line and exit 2 when the zoo cannot be imported
+    """`traceq.zoo.verify.check_fixes`, or one line and exit 2 when the zoo cannot be imported
     (torch missing); asked before the load, so a missing dependency fails fast."""
     try:
-        from zoo.verify import check_fixes
+        from traceq.zoo.verify import check_fixes
     except ImportError as error:
         click.echo(
             f"traceq: error: --check-fixes needs the zoo (pip install 'traceq[zoo]'): {error}",

@@ -4,11 +4,11 @@ the findings of `traceq analyze` in Perfetto."""
 from __future__ import annotations
 
 import click
+from traceq.cli.common import load, split_codes, trace_argument
+from traceq.cli.critical_path import region_of
 
-from cli.common import load, split_codes, trace_argument
-from cli.critical_path import region_of
 from traceq import analyze
-from traceq import annotate as marking
+from traceq.reports import annotate as marking
 
 
 @click.command()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import click
+from traceq.cli.common import load, trace_argument
 
-from cli.common import load, trace_argument
 from traceq.regression.baseline import save_baseline
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 import click
+from traceq.cli.common import progress, trace_argument
 
-from cli.common import progress, trace_argument
 from traceq.regression.check import check as run_check
 from traceq.regression.check import parse_ratio
 from traceq.regression.render import FORMATS, render_check

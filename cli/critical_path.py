@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
+from traceq.cli.common import FORMAT, echo_json, load, trace_argument
 
-from cli.common import FORMAT, echo_json, load, trace_argument
 from traceq import TraceError
-from traceq import critical_path as paths
-from traceq.critical_path import Region
+from traceq.relations import critical_path as paths
+from traceq.relations.critical_path import Region
 
 NAME_WIDTH = 70
 LABELS = {

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import click
+from traceq.cli.common import progress
 
-from cli.common import progress
 from traceq.regression.baseline import load_summary
 from traceq.regression.diff import BY
 from traceq.regression.diff import diff as diff_summaries

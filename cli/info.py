@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
+from traceq.cli.common import FORMAT, echo_json, load, trace_argument
 
-from cli.common import FORMAT, echo_json, load, trace_argument
-from traceq.summary import summary
+from traceq.reports.summary import summary
 
 
 @click.command()

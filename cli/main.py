@@ -14,17 +14,17 @@ import click
 from traceq import TraceError, __version__
 
 COMMANDS = {
-    "info": "cli.info:info",
-    "query": "cli.query:query",
-    "analyze": "cli.analyze:analyze",
-    "rules": "cli.rules:rules",
-    "explain": "cli.rules:explain",
-    "critical-path": "cli.critical_path:critical_path",
-    "annotate": "cli.annotate:annotate",
-    "diff": "cli.diff:diff",
-    "baseline": "cli.baseline:baseline",
-    "check": "cli.check:check",
-    "zoo": "cli.zoo:zoo",
+    "info": "traceq.cli.info:info",
+    "query": "traceq.cli.query:query",
+    "analyze": "traceq.cli.analyze:analyze",
+    "rules": "traceq.cli.rules:rules",
+    "explain": "traceq.cli.rules:explain",
+    "critical-path": "traceq.cli.critical_path:critical_path",
+    "annotate": "traceq.cli.annotate:annotate",
+    "diff": "traceq.cli.diff:diff",
+    "baseline": "traceq.cli.baseline:baseline",
+    "check": "traceq.cli.check:check",
+    "zoo": "traceq.cli.zoo:zoo",
 }
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 import polars as pl
+from traceq.cli.common import load, trace_argument
 
-from cli.common import load, trace_argument
 from traceq import TraceError
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
+from traceq.cli.common import FORMAT, echo_json
 
-from cli.common import FORMAT, echo_json
 from traceq.rules.config import ConfigError
 from traceq.rules.engine import discover
 

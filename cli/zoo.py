@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from zoo.check import CheckReport
-    from zoo.registry import Zoo
-    from zoo.verify import TraceStats, VerifyResult
+    from traceq.zoo.check import CheckReport
+    from traceq.zoo.registry import Zoo
+    from traceq.zoo.verify import TraceStats, VerifyResult
 
 
 def _fail_usage(message: str) -> NoReturn:
@@ -40,7 +40,7 @@ def _prepare_triton(device: str | None) -> None:
     The flag is read when the kernel modules are imported, so it is set before discovery,
     and only when the user has not set it and no kernel module is loaded yet.
     """
-    if "zoo.triton_support" in sys.modules or "TRITON_INTERPRET" in os.environ:
+    if "traceq.zoo.triton_support" in sys.modules or "TRITON_INTERPRET" in os.environ:
         return
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
@@ -56,7 +56,7 @@ def _prepare_triton(device: str | None) -> None:
 def _discover(device: str | None) -> Zoo:
     _prepare_triton(device)
     try:
-        from zoo.registry import discover
+        from traceq.zoo.registry import discover
     except ImportError as error:
         _fail_usage(f"the zoo needs its extra dependencies (pip install 'traceq[zoo]'): {error}")
     return discover()
@@ -202,10 +202,10 @@ def check_pattern(
     Exit 1 when any entry fails numerics on any case.
     """
     found = _discover(device)
-    from zoo.check import check
-    from zoo.errors import ZooUsageError
-    from zoo.patterns import parse_shape
-    from zoo.registry import cuda_available
+    from traceq.zoo.check import check
+    from traceq.zoo.errors import ZooUsageError
+    from traceq.zoo.patterns import parse_shape
+    from traceq.zoo.registry import cuda_available
 
     device = device or ("cuda" if cuda_available() else "cpu")
     options: dict[str, Any] = {"zoo": found, "seed": seed, "timing": not no_timing}
@@ -315,9 +315,9 @@ def verify_pattern(
     Exit 0 when the finding is gone from the fused trace, 1 when it is not.
     """
     found = _discover(device)
-    from zoo.errors import ZooUsageError
-    from zoo.patterns import parse_shape
-    from zoo.verify import verify
+    from traceq.zoo.errors import ZooUsageError
+    from traceq.zoo.patterns import parse_shape
+    from traceq.zoo.verify import verify
 
     try:
         result = verify(

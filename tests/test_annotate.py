@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
-from traceq.annotate import FINDING_CATEGORY, PATH_CATEGORY, annotate
-from traceq.critical_path import critical_path
+from traceq.relations.critical_path import critical_path
+from traceq.reports.annotate import FINDING_CATEGORY, PATH_CATEGORY, annotate
 
 ALEXNET = "hta/tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
 ADDED_ARGS = ("critical", "traceq_findings")

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
 from traceq import TraceFileError, TraceFormatError, TraceSchemaError, TraceTooLargeError
 
 Maker = Callable[[Path], Path]

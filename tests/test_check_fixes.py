@@ -1,4 +1,4 @@
-"""`traceq analyze --check-fixes` and `zoo.verify.check_fixes`: one zoo verification per
+"""`traceq analyze --check-fixes` and `traceq.zoo.verify.check_fixes`: one zoo verification per
 finding group, attached to the group in every output format."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import torch
 if not torch.cuda.is_available():  # before any zoo kernel module is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from traceq.cli.main import main
+from traceq.zoo.verify import check_fixes
+
 import traceq
-from cli.main import main
 from traceq.analyze import analyze
-from zoo.verify import check_fixes
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MLP_GELU = str(FIXTURES / "mlp_gelu-eager.pt.trace.json.gz")
@@ -76,7 +77,9 @@ def test_each_group_gets_its_own_check_and_rules_without_a_pattern_say_so() -> N
 def test_check_fixes_without_torch_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "zoo.verify", None)  # import fails as if torch were absent
+    monkeypatch.setitem(
+        sys.modules, "traceq.zoo.verify", None
+    )  # import fails as if torch were absent
     result = _analyze(MLP_GELU, "--check-fixes")
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()

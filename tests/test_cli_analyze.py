@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
-from cli.main import main
 from traceq.rules.catalogue import RULES
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

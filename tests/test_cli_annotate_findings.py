@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "mlp_gelu-eager.pt.trace.json.gz"
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from cli.main import main
+from traceq.cli.main import main
 
 FIXTURE = str(Path(__file__).parents[1] / "fixtures" / "linear-eager.pt.trace.json.gz")
 

@@ -26,9 +26,8 @@ from typing import Any
 import polars as pl
 import pytest
 from click.testing import CliRunner
-
-from cli.common import progress
-from cli.main import main
+from traceq.cli.common import progress
+from traceq.cli.main import main
 
 SAMPLED = "hta/tests/data/timeline_analysis/sampled_rank-0.json.gz"
 ROCM = "hta/tests/data/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"

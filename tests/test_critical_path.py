@@ -1,4 +1,4 @@
-"""The critical path (`traceq.critical_path`), side by side with Holistic Trace Analysis.
+"""The critical path (`traceq.relations.critical_path`), side by side with Holistic Trace Analysis.
 
 HTA's own critical path (`hta.analyzers.critical_path_analysis`) runs in a subprocess
 with its separate environment (/work/venv-hta, not a traceq dependency); the comparison
@@ -22,10 +22,10 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import SHARED_TRACES, read_json
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
-from traceq.critical_path import CAUSES, critical_path
+from traceq.relations.critical_path import CAUSES, critical_path
 
 HTA_PYTHON = Path(os.environ.get("TRACEQ_HTA_PYTHON", "/work/venv-hta/bin/python"))
 DATA = "hta/tests/data"
@@ -114,7 +114,7 @@ def hta_results() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _ours(name: str) -> traceq.critical_path.CriticalPath:
+def _ours(name: str) -> traceq.relations.critical_path.CriticalPath:
     path, annotation, instance = HTA_CASES[name]
     trace = traceq.load(SHARED_TRACES / path)
     return critical_path(trace, (annotation, instance) if annotation else None)
@@ -157,7 +157,7 @@ def test_ns_resolution_differs_only_by_htas_rounding(hta_results: dict) -> None:
         assert abs(theirs - mine) < 2.0, cause
 
 
-def _gpu_union_ns(path: traceq.critical_path.CriticalPath, raw: list[dict]) -> int:
+def _gpu_union_ns(path: traceq.relations.critical_path.CriticalPath, raw: list[dict]) -> int:
     """Busy time of the path's GPU activities: the union of their intervals (raw JSON)."""
     spans = sorted(
         (float(raw[e]["ts"]), float(raw[e]["ts"]) + float(raw[e]["dur"]))

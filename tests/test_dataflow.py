@@ -1,4 +1,4 @@
-"""Data flow between ops (`traceq.dataflow`): the edges each model's code implies.
+"""Data flow between ops (`traceq.relations.dataflow`): the edges each model's code implies.
 
 The fixtures' `manifest.json` (written by `fixtures/record.py` from the model code) names
 the producer -> consumer edges of each recorded model; the tests map those names to ops
@@ -23,7 +23,7 @@ import polars as pl
 import pytest
 
 import traceq
-from traceq.dataflow import dataflow, dataflow_ops
+from traceq.relations.dataflow import dataflow, dataflow_ops
 
 QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 TRITON = "tracelens/tests/traces/torch_compile_triton/trace.json.gz"

@@ -1,4 +1,4 @@
-"""The dependency graph (`traceq.graph`): edge counts against the raw JSON, syncs, replays.
+"""The dependency graph (`traceq.relations.graph`): edges against the raw JSON, syncs, replays.
 
 Independent counts come from the trace documents decoded by the stdlib `json`, grouped
 with plain dicts. Real traces (skipped when ../shared/traces is absent), all from
@@ -23,7 +23,7 @@ import pytest
 from conftest import read_json
 
 import traceq
-from traceq.graph import build_graph, graph_edges, host_waits, stream_waits, unlinked
+from traceq.relations.graph import build_graph, graph_edges, host_waits, stream_waits, unlinked
 
 ALEXNET = "hta/tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
 EVENT_SYNC = "hta/tests/data/critical_path/cuda_event_sync/event_sync_trace.json.gz"

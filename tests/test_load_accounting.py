@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
 
 if TYPE_CHECKING:
     from conftest import TraceCase

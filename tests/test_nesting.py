@@ -1,4 +1,4 @@
-"""`traceq.nesting` against plain references, on random intervals full of ties.
+"""`traceq.relations.nesting` against plain references, on random intervals full of ties.
 
 The contract: an interval's parent is the innermost other interval of its group that
 contains it (`ts <= child.ts` and `child.end <= end`); "innermost" is the one that starts
@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from traceq.nesting import NONE, depths, enclosing, parents
+from traceq.relations.nesting import NONE, depths, enclosing, parents
 
 Intervals = list[tuple[int, int, int]]  # (group, ts, end)
 

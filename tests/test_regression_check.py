@@ -18,9 +18,9 @@ from typing import Any
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
 from traceq.regression.baseline import save_baseline
 from traceq.regression.check import check
 from traceq.regression.errors import RegressionError

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from cli.main import main
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 EAGER = FIXTURES / "geglu_mlp-eager.pt.trace.json.gz"

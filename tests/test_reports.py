@@ -14,9 +14,9 @@ import re
 import pytest
 
 from traceq.analyze import analysis
-from traceq.report import FORMATS, build_report, group_findings, render
-from traceq.report.model import Report
-from traceq.report.sarif import document
+from traceq.reports import FORMATS, build_report, group_findings, render
+from traceq.reports.model import Report
+from traceq.reports.sarif import document
 from traceq.rules.finding import Finding
 
 QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 import traceq
-import traceq.dataflow
+import traceq.relations.dataflow
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.finding import Finding
@@ -228,12 +228,12 @@ def test_an_activation_after_a_split_bias_is_still_the_gemms(recorded: Callable)
 
 def edges_between(trace: traceq.Trace) -> set[tuple[str, str]]:
     """Data-flow edges as (producer, consumer) op names, numbered in program order."""
-    ops = traceq.dataflow.dataflow_ops(trace).sort("ts_ns")
+    ops = traceq.relations.dataflow.dataflow_ops(trace).sort("ts_ns")
     label = {
         e: f"{n.removeprefix('aten::')}{i}"
         for i, (e, n) in enumerate(ops.select("event", "name").iter_rows())
     }
-    edges = traceq.dataflow.dataflow(trace, ops)
+    edges = traceq.relations.dataflow.dataflow(trace, ops)
     return {(label[p], label[c]) for p, c in edges.select("producer", "consumer").iter_rows()}
 
 

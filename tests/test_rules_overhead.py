@@ -507,8 +507,7 @@ def test_tq104_leaves_per_parameter_updates_to_tq206(load_shared) -> None:
 def test_tq206_and_tq207_from_the_command_line(shared_trace) -> None:
     """The same findings reach the CLI: JSON per step, and `--fail-on warning` exits 1."""
     from click.testing import CliRunner
-
-    from cli.main import main
+    from traceq.cli.main import main
 
     path = str(shared_trace(RESNET))
     args = ["analyze", path, "--select", "TQ206,TQ207", "--no-config"]

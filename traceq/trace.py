@@ -9,7 +9,7 @@ from typing import Any
 
 import polars as pl
 
-from traceq.link import LAUNCH_API
+from traceq.relations.link import LAUNCH_API
 
 
 @dataclass
@@ -144,36 +144,36 @@ class Trace:
     # -- relations (built on first use) ---------------------------------------------------
     @cached_property
     def dataflow_ops(self) -> pl.DataFrame:
-        """The semantic ops data flow is defined over (see `traceq.dataflow`)."""
-        from traceq.dataflow import dataflow_ops
+        """The semantic ops data flow is defined over (see `traceq.relations.dataflow`)."""
+        from traceq.relations.dataflow import dataflow_ops
 
         return dataflow_ops(self)
 
     @cached_property
     def dataflow(self) -> pl.DataFrame:
-        """Inferred producer -> consumer edges between `dataflow_ops` (see `traceq.dataflow`)."""
-        from traceq.dataflow import dataflow
+        """Inferred producer -> consumer edges between `dataflow_ops` (`relations.dataflow`)."""
+        from traceq.relations.dataflow import dataflow
 
         return dataflow(self, self.dataflow_ops)
 
     def with_execution_trace(self, src: str | os.PathLike[str]) -> pl.DataFrame:
         """Data-flow edges made exact by an Execution Trace recorded beside this trace:
         ops the ET pairs with get tensor-id edges; the others keep inferred ones."""
-        from traceq.dataflow import dataflow
-        from traceq.execution_trace import load_execution_trace
+        from traceq.relations.dataflow import dataflow
+        from traceq.relations.execution_trace import load_execution_trace
 
         return dataflow(self, self.dataflow_ops, execution_trace=load_execution_trace(src))
 
     @cached_property
     def graph(self) -> Any:
-        """The kernel dependency graph, a networkx DiGraph (see `traceq.graph`)."""
-        from traceq.graph import build_graph
+        """The kernel dependency graph, a networkx DiGraph (see `traceq.relations.graph`)."""
+        from traceq.relations.graph import build_graph
 
         return build_graph(self)
 
     def critical_path(self, region: Any = None) -> Any:
         """The critical path of the whole trace or a region (step, annotation, or window)."""
-        from traceq.critical_path import critical_path
+        from traceq.relations.critical_path import critical_path
 
         return critical_path(self, region)
 

@@ -6,7 +6,7 @@ the ``traceq.zoo`` entry-point group (``discover``), the built-in ones included.
 
 Set ``TRITON_INTERPRET=1`` before calling ``discover`` on a machine without a GPU: the
 Triton entries' modules are imported then, and the flag is read at import. Names are
-loaded on first use, so ``import zoo.registry`` stays free of torch.
+loaded on first use, so ``import traceq.zoo.registry`` stays free of torch.
 """
 
 from __future__ import annotations
@@ -15,29 +15,37 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zoo.check import CaseResult, CheckReport, EntryResult, check
-    from zoo.errors import ZooError, ZooUsageError
-    from zoo.patterns import parse_shape
-    from zoo.record import RecordedTrace, record_trace
-    from zoo.registry import ACTIVATIONS, DTYPES, PATTERNS, Entry, PluginProblem, Zoo, discover
+    from traceq.zoo.check import CaseResult, CheckReport, EntryResult, check
+    from traceq.zoo.errors import ZooError, ZooUsageError
+    from traceq.zoo.patterns import parse_shape
+    from traceq.zoo.record import RecordedTrace, record_trace
+    from traceq.zoo.registry import (
+        ACTIVATIONS,
+        DTYPES,
+        PATTERNS,
+        Entry,
+        PluginProblem,
+        Zoo,
+        discover,
+    )
 
 _EXPORTS: dict[str, str] = {
-    "ACTIVATIONS": "zoo.registry",
-    "DTYPES": "zoo.registry",
-    "PATTERNS": "zoo.registry",
-    "Entry": "zoo.registry",
-    "PluginProblem": "zoo.registry",
-    "Zoo": "zoo.registry",
-    "discover": "zoo.registry",
-    "ZooError": "zoo.errors",
-    "ZooUsageError": "zoo.errors",
-    "CaseResult": "zoo.check",
-    "CheckReport": "zoo.check",
-    "EntryResult": "zoo.check",
-    "check": "zoo.check",
-    "parse_shape": "zoo.patterns",
-    "RecordedTrace": "zoo.record",
-    "record_trace": "zoo.record",
+    "ACTIVATIONS": "traceq.zoo.registry",
+    "DTYPES": "traceq.zoo.registry",
+    "PATTERNS": "traceq.zoo.registry",
+    "Entry": "traceq.zoo.registry",
+    "PluginProblem": "traceq.zoo.registry",
+    "Zoo": "traceq.zoo.registry",
+    "discover": "traceq.zoo.registry",
+    "ZooError": "traceq.zoo.errors",
+    "ZooUsageError": "traceq.zoo.errors",
+    "CaseResult": "traceq.zoo.check",
+    "CheckReport": "traceq.zoo.check",
+    "EntryResult": "traceq.zoo.check",
+    "check": "traceq.zoo.check",
+    "parse_shape": "traceq.zoo.patterns",
+    "RecordedTrace": "traceq.zoo.record",
+    "record_trace": "traceq.zoo.record",
 }
 
 __all__ = [

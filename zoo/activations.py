@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from zoo.errors import UnknownActivation
-from zoo.registry import ACTIVATIONS
+from traceq.zoo.errors import UnknownActivation
+from traceq.zoo.registry import ACTIVATIONS
 
 
 def validate(act: str) -> str:

@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import importlib
 
-from zoo.registry import Entry
+from traceq.zoo.registry import Entry
 
 MODULES: tuple[str, ...] = (
-    "zoo.gemm_bias_act.reference",
-    "zoo.gemm_bias_act.triton",
-    "zoo.gemm_bias_act.compile",
-    "zoo.gemm_bias_act.addmm_activation",
-    "zoo.glu.reference",
-    "zoo.glu.triton",
-    "zoo.glu.compile",
-    "zoo.glu.liger",
-    "zoo.dual_gemm_glu.reference",
-    "zoo.dual_gemm_glu.triton",
-    "zoo.dual_gemm_glu.compile",
-    "zoo.mlp.reference",
-    "zoo.mlp.triton",
-    "zoo.mlp.compile",
+    "traceq.zoo.gemm_bias_act.reference",
+    "traceq.zoo.gemm_bias_act.triton",
+    "traceq.zoo.gemm_bias_act.compile",
+    "traceq.zoo.gemm_bias_act.addmm_activation",
+    "traceq.zoo.glu.reference",
+    "traceq.zoo.glu.triton",
+    "traceq.zoo.glu.compile",
+    "traceq.zoo.glu.liger",
+    "traceq.zoo.dual_gemm_glu.reference",
+    "traceq.zoo.dual_gemm_glu.triton",
+    "traceq.zoo.dual_gemm_glu.compile",
+    "traceq.zoo.mlp.reference",
+    "traceq.zoo.mlp.triton",
+    "traceq.zoo.mlp.compile",
 )
 
 

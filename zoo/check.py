@@ -1,7 +1,7 @@
 """The one harness every zoo entry goes through: same numbers as float64, then how fast.
 
 ``check(pattern, shape, dtype, device, act)`` runs each applicable entry of the pattern on
-fresh random inputs (never zeros) for every case of `zoo.patterns.cases` — the shape
+fresh random inputs (never zeros) for every case of `traceq.zoo.patterns.cases` — the shape
 itself, a ragged shape no block size divides, a 3-D input (and the pattern's variants) —
 and compares with the split reference run in float64 on the same inputs:
 ``‖out − ref‖ / ‖ref‖`` must be under the dtype's bound, and NaN or inf fails.
@@ -15,7 +15,7 @@ poisoned memory. On the CPU malloc may hand out fresh pages instead, so there it
 best-effort; the report says which of the two each entry got.
 Inputs are compared with copies afterwards: an entry may not write into them.
 
-The main case is then timed beside the split reference in the same run (see `zoo.timing`).
+The main case is then timed beside the split reference in the same run (see `traceq.zoo.timing`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from zoo.activations import validate as validate_activation
-from zoo.device import DevicePeak, device_peak
-from zoo.errors import DeviceUnavailable, UnknownEntry, ZooUsageError
-from zoo.patterns import (
+from traceq.zoo.activations import validate as validate_activation
+from traceq.zoo.device import DevicePeak, device_peak
+from traceq.zoo.errors import DeviceUnavailable, UnknownEntry, ZooUsageError
+from traceq.zoo.patterns import (
     ERROR_BOUNDS,
     TORCH_DTYPES,
     Case,
@@ -44,8 +43,16 @@ from zoo.patterns import (
     validate_pattern,
     validate_shape,
 )
-from zoo.registry import DEVICES, Entry, PluginProblem, Zoo, cuda_available, discover, one_line
-from zoo.timing import Timing, median_ms, throughput
+from traceq.zoo.registry import (
+    DEVICES,
+    Entry,
+    PluginProblem,
+    Zoo,
+    cuda_available,
+    discover,
+    one_line,
+)
+from traceq.zoo.timing import Timing, median_ms, throughput
 
 POISON_OUT = "NaN out buffer"
 POISON_ALLOCATOR = "NaN freed block"

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from zoo.registry import Entry
+from traceq.zoo.registry import Entry
 
 #: Positional inputs of each pattern that carry rows (leading dims) rather than weights.
 ROW_ARGUMENTS: dict[str, tuple[int, ...]] = {

@@ -22,9 +22,8 @@ import re
 from dataclasses import dataclass
 
 import torch
-
-from zoo.errors import BadShape, UnknownDtype, UnknownPattern
-from zoo.registry import DTYPES, PATTERNS
+from traceq.zoo.errors import BadShape, UnknownDtype, UnknownPattern
+from traceq.zoo.registry import DTYPES, PATTERNS
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,

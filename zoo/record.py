@@ -18,12 +18,11 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
-
-from zoo.check import matmul_precision
-from zoo.errors import ZooUsageError
-from zoo.patterns import TORCH_DTYPES, Case, Problem, dtype_name, make_inputs, validate_shape
-from zoo.patterns import variants as pattern_variants
-from zoo.registry import Entry, Zoo, cuda_available, discover
+from traceq.zoo.check import matmul_precision
+from traceq.zoo.errors import ZooUsageError
+from traceq.zoo.patterns import TORCH_DTYPES, Case, Problem, dtype_name, make_inputs, validate_shape
+from traceq.zoo.patterns import variants as pattern_variants
+from traceq.zoo.registry import Entry, Zoo, cuda_available, discover
 
 #: Profiler steps skipped before recording: one to wait, one to warm up (compile, autotune).
 WAIT_STEPS = 1

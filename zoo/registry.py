@@ -4,7 +4,7 @@ An `Entry` is one implementation of one fusion pattern (the split eager referenc
 kernel, `torch.compile` of the reference, a vendor library...). Entries are discovered only
 through the entry-point group ``traceq.zoo``: each entry point resolves to an iterable of
 `Entry`, and the built-in zoo registers itself there exactly like an outside package would
-(``builtin = "zoo.builtin:ENTRIES"``). A broken plugin is reported as a `PluginProblem`,
+(``builtin = "traceq.zoo.builtin:ENTRIES"``). A broken plugin is reported as a `PluginProblem`,
 never raised, so one bad package cannot hide the rest of the zoo.
 
 This module imports neither torch nor triton: listing what exists must stay cheap.
@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from zoo.errors import EntryError, UnknownEntry, UnknownPattern
+from traceq.zoo.errors import EntryError, UnknownEntry, UnknownPattern
 
 ENTRY_POINT_GROUP = "traceq.zoo"
 
 #: The built-in zoo's entry point, as pyproject declares it. Used when traceq runs from a
 #: source checkout that was never installed (so no entry-point metadata exists).
-BUILTIN_ENTRY_POINT = ("builtin", "zoo.builtin:ENTRIES")
+BUILTIN_ENTRY_POINT = ("builtin", "traceq.zoo.builtin:ENTRIES")
 
 #: Pattern name -> what it computes and which findings it fixes.
 PATTERNS: dict[str, str] = {
@@ -57,7 +57,7 @@ class Entry:
     """One implementation of one pattern, with what it supports.
 
     ``fn(*inputs, act)`` returns a new tensor; the inputs per pattern are fixed by
-    `zoo.patterns`. ``out_fn(*inputs, act, out=...)``, when given, writes into ``out``: the
+    `traceq.zoo.patterns`. ``out_fn(*inputs, act, out=...)``, when given, writes into ``out``: the
     check harness poisons ``out`` with NaN first, so a tile the kernel forgets is caught.
     ``requires(device)`` returns why the entry cannot run there (a missing package) or
     ``None``. ``activations_on`` overrides ``activations`` per device, for entries whose

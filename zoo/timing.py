@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
-
-from zoo.device import DevicePeak
+from traceq.zoo.device import DevicePeak
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ def median_ms(
 ) -> tuple[float, str]:
     """Median time of ``fn()`` in ms on ``device``, and how it was measured."""
     if device == "cuda":
-        from zoo.triton_support import INTERPRETED
+        from traceq.zoo.triton_support import INTERPRETED
 
         if not INTERPRETED:
             from triton.testing import do_bench

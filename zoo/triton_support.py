@@ -20,8 +20,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-
-from zoo.registry import Entry
+from traceq.zoo.registry import Entry
 
 #: Whether the kernels defined by modules imported after this point run interpreted.
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -2,7 +2,7 @@
 
 A finding says "this split costs time"; the zoo's `check` says a fused entry computes the
 same numbers. `verify` closes the loop the way a user would: it records the split eager
-reference and the fused entry under ``torch.profiler`` (`zoo.record.record_trace`), runs
+reference and the fused entry under ``torch.profiler`` (`traceq.zoo.record.record_trace`), runs
 traceq's analyzer on both traces with only the finding's rule selected, and reports how
 often the rule fired on each, with their op and kernel counts and times. The fix is proven
 when the rule fires on the split trace and not on the fused one.
@@ -37,18 +37,18 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import torch
 import torch.nn.functional as F
+from traceq.zoo.activations import activate
+from traceq.zoo.activations import validate as validate_activation
+from traceq.zoo.errors import ZooUsageError
+from traceq.zoo.patterns import dtype_name, validate_pattern, validate_shape
+from traceq.zoo.patterns import variants as pattern_variants
+from traceq.zoo.record import record_trace
+from traceq.zoo.registry import ACTIVATIONS, DEVICES, DTYPES, Entry, Zoo, cuda_available, discover
 
 import traceq
 from traceq.analyze import analyze
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import GEMM_OPERANDS, WEIGHT_NK
-from zoo.activations import activate
-from zoo.activations import validate as validate_activation
-from zoo.errors import ZooUsageError
-from zoo.patterns import dtype_name, validate_pattern, validate_shape
-from zoo.patterns import variants as pattern_variants
-from zoo.record import record_trace
-from zoo.registry import ACTIVATIONS, DEVICES, DTYPES, Entry, Zoo, cuda_available, discover
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
@@ -351,7 +351,7 @@ def interpret_triton_without_gpu(device: str) -> None:
     The flag is read when the kernel modules are imported (at discovery), so it is only set
     while no kernel module is loaded, and never over a value the user chose.
     """
-    if "zoo.triton_support" in sys.modules or "TRITON_INTERPRET" in os.environ:
+    if "traceq.zoo.triton_support" in sys.modules or "TRITON_INTERPRET" in os.environ:
         return
     if device == "cpu" or not cuda_available():
         os.environ["TRITON_INTERPRET"] = "1"

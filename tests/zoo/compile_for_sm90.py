@@ -11,20 +11,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton
+from traceq.zoo.dual_gemm_glu.triton import dual_gemm_glu_kernel
+from traceq.zoo.gemm_bias_act.triton import gemm_bias_act_kernel
+from traceq.zoo.glu.triton import glu_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-
-from zoo.dual_gemm_glu.triton import dual_gemm_glu_kernel
-from zoo.gemm_bias_act.triton import gemm_bias_act_kernel
-from zoo.glu.triton import glu_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
 SHARED_MEMORY_LIMIT = 228 * 1024

@@ -23,15 +23,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # a checkout that was not pip-installed
-    sys.path.insert(0, str(REPO))
 
 import importlib  # noqa: E402
 
 import pytest  # noqa: E402
-
-from zoo.registry import Zoo, discover  # noqa: E402
-from zoo.triton_support import INTERPRETED  # noqa: E402
+from traceq.zoo.registry import Zoo, discover  # noqa: E402
+from traceq.zoo.triton_support import INTERPRETED  # noqa: E402
 
 torch.set_num_threads(1)
 

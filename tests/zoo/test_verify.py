@@ -11,15 +11,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-import traceq
-from cli.zoo import zoo as zoo_cli
-from traceq.analyze import analyze
-from traceq.rules.finding import Finding
-from zoo.errors import ZooUsageError
-from zoo.gemm_bias_act.reference import gemm_bias_act_reference
-from zoo.registry import Entry, Zoo
-from zoo.verify import (
+from traceq.cli.zoo import zoo as zoo_cli
+from traceq.zoo.errors import ZooUsageError
+from traceq.zoo.gemm_bias_act.reference import gemm_bias_act_reference
+from traceq.zoo.registry import Entry, Zoo
+from traceq.zoo.verify import (
     CPU_SHAPE_LIMIT,
     Plan,
     plan_finding,
@@ -27,6 +23,10 @@ from zoo.verify import (
     scaled_shape,
     verify,
 )
+
+import traceq
+from traceq.analyze import analyze
+from traceq.rules.finding import Finding
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 #: K != N: with K == N the analyzer's shape-based data flow cannot tell a GLU's input from
@@ -252,8 +252,8 @@ def test_cli_json_and_exit_1_when_the_finding_stays(device: str, install_plugin)
     install_plugin(
         "still_split_zoo",
         """
-        from zoo.gemm_bias_act.reference import gemm_bias_act_reference
-        from zoo.registry import Entry
+        from traceq.zoo.gemm_bias_act.reference import gemm_bias_act_reference
+        from traceq.zoo.registry import Entry
 
         ENTRIES = [Entry(name="plugin.still_split", pattern="gemm_bias_act", impl="fake-fused",
                          fn=gemm_bias_act_reference, activations=("relu",),

@@ -10,11 +10,10 @@ import math
 
 import pytest
 import torch
-
-from zoo.check import POISON_ALLOCATOR, POISON_OUT, check, relative_error
-from zoo.errors import DeviceUnavailable, UnknownEntry, UnknownPattern
-from zoo.registry import ACTIVATIONS, PATTERNS, Entry, Zoo
-from zoo.triton_support import INTERPRETER_NOTE
+from traceq.zoo.check import POISON_ALLOCATOR, POISON_OUT, check, relative_error
+from traceq.zoo.errors import DeviceUnavailable, UnknownEntry, UnknownPattern
+from traceq.zoo.registry import ACTIVATIONS, PATTERNS, Entry, Zoo
+from traceq.zoo.triton_support import INTERPRETER_NOTE
 
 FAST = {"reference", "triton", "cublaslt-epilogue", "liger"}
 SHAPE = (64, 128, 96)
@@ -27,7 +26,7 @@ def _ran(report, name: str):  # type: ignore[no-untyped-def]
 
 
 # Every activation through the cheap patterns; the GEMM-heavy ones share the same
-# epilogue code (zoo.triton_support.activate), so two activations each cover them.
+# epilogue code (traceq.zoo.triton_support.activate), so two activations each cover them.
 FLOAT32_CASES = [
     *[("gemm_bias_act", act) for act in ACTIVATIONS],
     *[("glu", act) for act in ACTIVATIONS],

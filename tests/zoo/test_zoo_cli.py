@@ -6,8 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
-from cli.zoo import zoo
+from traceq.cli.zoo import zoo
 
 
 def _invoke(*args: str):  # type: ignore[no-untyped-def]

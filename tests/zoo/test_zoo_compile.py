@@ -7,9 +7,8 @@ arrives; the 3-D case reuses it (the entry flattens rows). Deselect with ``-m "n
 from __future__ import annotations
 
 import pytest
-
-from zoo.check import check
-from zoo.registry import PATTERNS, Zoo
+from traceq.zoo.check import check
+from traceq.zoo.registry import PATTERNS, Zoo
 
 pytestmark = pytest.mark.slow
 

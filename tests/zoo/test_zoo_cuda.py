@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from zoo.check import check
-from zoo.record import record_trace
-from zoo.registry import Zoo
+from traceq.zoo.check import check
+from traceq.zoo.record import record_trace
+from traceq.zoo.registry import Zoo
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from zoo.device import DevicePeak, peak_for_name
-from zoo.timing import throughput
+from traceq.zoo.device import DevicePeak, peak_for_name
+from traceq.zoo.timing import throughput
 
 
 @pytest.mark.parametrize(

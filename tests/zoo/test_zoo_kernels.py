@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from zoo.dual_gemm_glu.triton import dual_gemm_glu
-from zoo.gemm_bias_act.triton import gemm_bias_act
-from zoo.glu.triton import glu
-from zoo.registry import Zoo
-from zoo.triton_support import tile
+from traceq.zoo.dual_gemm_glu.triton import dual_gemm_glu
+from traceq.zoo.gemm_bias_act.triton import gemm_bias_act
+from traceq.zoo.glu.triton import glu
+from traceq.zoo.registry import Zoo
+from traceq.zoo.triton_support import tile
 
 
 def _gemm_args(device: str) -> tuple[torch.Tensor, ...]:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from zoo.errors import BadShape, UnknownDtype, UnknownPattern
-from zoo.patterns import (
+from traceq.zoo.errors import BadShape, UnknownDtype, UnknownPattern
+from traceq.zoo.patterns import (
     bytes_moved,
     cases,
     dtype_name,

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-
-from cli.zoo import zoo as zoo_group
-from zoo.check import check
-from zoo.registry import discover
+from traceq.cli.zoo import zoo as zoo_group
+from traceq.zoo.check import check
+from traceq.zoo.registry import discover
 
 GOOD_PLUGIN = """
     import torch
-    from zoo.registry import Entry
+    from traceq.zoo.registry import Entry
 
     def swiglu(gate, up, act, *, out=None):
         result = torch.nn.functional.silu(gate) * up
@@ -39,7 +38,7 @@ GOOD_PLUGIN = """
 # Forgets the last column: a tiled kernel's classic bug, which only poisoning reveals.
 LAZY_PLUGIN = """
     import torch
-    from zoo.registry import Entry
+    from traceq.zoo.registry import Entry
 
     def lazy_swiglu(gate, up, act, *, out):
         out[..., :-1] = torch.nn.functional.silu(gate[..., :-1]) * up[..., :-1]

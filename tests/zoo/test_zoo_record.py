@@ -8,10 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from zoo.errors import UnknownEntry, ZooUsageError
-from zoo.record import record_trace
-from zoo.registry import Zoo
+from traceq.zoo.errors import UnknownEntry, ZooUsageError
+from traceq.zoo.record import record_trace
+from traceq.zoo.registry import Zoo
 
 
 def _events(path: Path) -> list[dict]:  # type: ignore[type-arg]

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from zoo.errors import EntryError, UnknownEntry, UnknownPattern
-from zoo.registry import PATTERNS, Entry, Zoo, discover
-from zoo.triton_support import INTERPRETER_NOTE
+from traceq.zoo.errors import EntryError, UnknownEntry, UnknownPattern
+from traceq.zoo.registry import PATTERNS, Entry, Zoo, discover
+from traceq.zoo.triton_support import INTERPRETER_NOTE
 
 BUILTIN = {
     "gemm_bias_act.reference",
@@ -102,9 +100,8 @@ def test_lookup_errors_are_usage_errors(builtin_zoo: Zoo) -> None:
 
 def test_registry_and_cli_import_without_torch() -> None:
     code = (
-        "import sys; import zoo.registry, cli.zoo; "
+        "import sys; import traceq.zoo.registry, traceq.cli.zoo; "
         "sys.exit(1 if {'torch', 'triton'} & set(sys.modules) else 0)"
     )
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    assert subprocess.run([sys.executable, "-c", code], env=env, cwd=repo).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], cwd=repo).returncode == 0

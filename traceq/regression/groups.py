@@ -20,7 +20,7 @@ import re
 import numpy as np
 import polars as pl
 
-from traceq.dataflow import semantic_root
+from traceq.relations.dataflow import semantic_root
 from traceq.trace import Trace
 
 DIMENSIONS = ("kernel", "op", "module")

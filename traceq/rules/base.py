@@ -114,7 +114,7 @@ class Context:
 
     @property
     def ops(self) -> pl.DataFrame:
-        """Semantic ops (`traceq.dataflow.dataflow_ops`): top-level aten ops + fused kernels.
+        """Semantic ops (`relations.dataflow.dataflow_ops`): top-level aten ops + fused kernels.
 
         Taken from the trace's own cache, so `trace.dataflow_ops` and repeated analyses
         share one computation."""
@@ -122,7 +122,7 @@ class Context:
 
     @property
     def edges(self) -> pl.DataFrame:
-        """Producer → consumer tensor edges between semantic ops (`traceq.dataflow.dataflow`),
+        """Producer → consumer tensor edges between semantic ops (`relations.dataflow.dataflow`),
         from the trace's own cache like `ops`."""
         return self.cached("dataflow_edges", lambda: self.trace.dataflow)
 

@@ -218,7 +218,7 @@ SIGNATURE = (
 
 
 def classify(ops: pl.DataFrame) -> pl.DataFrame:
-    """`ops` (semantic ops, see `traceq.dataflow.dataflow_ops`, plus `concrete_inputs`)
+    """`ops` (semantic ops, see `traceq.relations.dataflow.dataflow_ops`, plus `concrete_inputs`)
     with the columns the fusion rules match on (`_classified`), computed once per distinct
     signature and joined back."""
     signatures = ops.select(SIGNATURE).unique(maintain_order=True)

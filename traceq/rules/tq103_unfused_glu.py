@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import polars as pl
 
-from traceq.opshapes import MULTI_OUTPUT
+from traceq.relations.opshapes import MULTI_OUTPUT
 from traceq.rules.base import Context, rule
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import (

@@ -5,7 +5,7 @@ Inductor's own fusion of the eager code, unaided: the bar a hand-written kernel 
 
 from __future__ import annotations
 
-from zoo.compiled import compiled_entry
-from zoo.dual_gemm_glu import reference
+from traceq.zoo.compiled import compiled_entry
+from traceq.zoo.dual_gemm_glu import reference
 
 ENTRY = compiled_entry(reference.ENTRY)

@@ -10,9 +10,8 @@ checks numerics only and its time is the split's.
 from __future__ import annotations
 
 import torch
-
-from zoo.registry import DTYPES, Entry
-from zoo.triton_support import rows_2d
+from traceq.zoo.registry import DTYPES, Entry
+from traceq.zoo.triton_support import rows_2d
 
 
 def gemm_bias_act_addmm_activation(

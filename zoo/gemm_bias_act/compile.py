@@ -5,7 +5,7 @@ Inductor's own fusion of the eager code, unaided: the bar a hand-written kernel 
 
 from __future__ import annotations
 
-from zoo.compiled import compiled_entry
-from zoo.gemm_bias_act import reference
+from traceq.zoo.compiled import compiled_entry
+from traceq.zoo.gemm_bias_act import reference
 
 ENTRY = compiled_entry(reference.ENTRY)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from zoo.activations import activate
-from zoo.registry import reference_entry
+from traceq.zoo.activations import activate
+from traceq.zoo.registry import reference_entry
 
 
 def gemm_bias_act_reference(

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from zoo.triton_support import (
+from traceq.zoo.triton_support import (
     INTERPRETED,
     activate,
     check_device,

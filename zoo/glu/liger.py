@@ -11,8 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-
-from zoo.registry import Entry
+from traceq.zoo.registry import Entry
 
 
 def requires_liger(device: str) -> str | None:

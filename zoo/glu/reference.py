@@ -7,9 +7,8 @@ written as ``F.gelu(gate) * up`` runs in eager mode. It runs in float64 too.
 from __future__ import annotations
 
 import torch
-
-from zoo.activations import activate
-from zoo.registry import reference_entry
+from traceq.zoo.activations import activate
+from traceq.zoo.registry import reference_entry
 
 
 def glu_reference(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:

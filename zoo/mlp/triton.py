@@ -9,10 +9,9 @@ intermediates; here only the one hidden activation the down GEMM needs is writte
 from __future__ import annotations
 
 import torch
-
-from zoo.dual_gemm_glu.triton import dual_gemm_glu
-from zoo.gemm_bias_act.triton import gemm_bias_act
-from zoo.triton_support import triton_entry
+from traceq.zoo.dual_gemm_glu.triton import dual_gemm_glu
+from traceq.zoo.gemm_bias_act.triton import gemm_bias_act
+from traceq.zoo.triton_support import triton_entry
 
 
 def mlp(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traceq.report.model import FindingGroup, Report, format_fix_check, format_us
+from traceq.reports.model import FindingGroup, Report, format_fix_check, format_us
 
 ICON = {"error": "🔴", "warning": "🟠", "info": "🔵"}
 

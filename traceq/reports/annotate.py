@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import polars as pl
 
-from traceq.critical_path import Region
-from traceq.critical_path import critical_path as find_critical_path
 from traceq.errors import TraceError
-from traceq.source import read_bytes
+from traceq.loader.source import read_bytes
+from traceq.relations.critical_path import Region
+from traceq.relations.critical_path import critical_path as find_critical_path
 
 if TYPE_CHECKING:
     from traceq.trace import Trace

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from traceq.report.model import Report
+from traceq.reports.model import Report
 
 
 def render(report: Report, *, indent: int | None = 2) -> str:

@@ -4,7 +4,7 @@
 `render(report) -> str` and knows nothing about rules or traces.
 """
 
-from traceq.report.model import FindingGroup, Report, build_report, group_findings
+from traceq.reports.model import FindingGroup, Report, build_report, group_findings
 
 FORMATS = ("text", "json", "markdown", "sarif")
 
@@ -15,7 +15,7 @@ def render(report: Report, fmt: str, **kwargs: object) -> str:
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r}; known: {', '.join(FORMATS)}")
-    module = import_module(f"traceq.report.{fmt}")
+    module = import_module(f"traceq.reports.{fmt}")
     return module.render(report, **kwargs)
 
 

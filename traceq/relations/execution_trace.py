@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from traceq.errors import TraceFormatError
-from traceq.source import describe, read_bytes
+from traceq.loader.source import describe, read_bytes
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
@@ -200,7 +200,7 @@ def tensor_edges(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None
     its consumer in the trace (threads paired at different iterations) is dropped.
     Same columns as `dataflow`, with confidence 1.0, evidence "tensor-id", inferred False.
     """
-    from traceq.dataflow import dataflow_ops
+    from traceq.relations.dataflow import dataflow_ops
 
     ops = dataflow_ops(trace) if ops is None else ops
     return _exact_edges(_rooted(trace, et), ops)
@@ -208,7 +208,7 @@ def tensor_edges(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None
 
 def _exact_edges(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """`tensor_edges` from `_rooted` nodes, so a caller that has them pairs only once."""
-    from traceq.dataflow import _EDGE_SCHEMA
+    from traceq.relations.dataflow import _EDGE_SCHEMA
 
     semantic = ops.select(pl.col("event").cast(pl.Int64))
     consumers = nodes.filter(pl.col("event") == pl.col("root")).join(
@@ -299,7 +299,7 @@ def replace_inferred(
 def _rooted(trace: Trace, et: pl.DataFrame) -> pl.DataFrame:
     """ET nodes with their trace op (`event`, null if unpaired) and its semantic root
     (null when the op is not inside a semantic op, e.g. an autograd node)."""
-    from traceq.dataflow import semantic_root
+    from traceq.relations.dataflow import semantic_root
 
     ordered = trace.ops.sort("event")
     root = semantic_root(ordered)

@@ -7,11 +7,11 @@ from typing import BinaryIO
 
 import polars as pl
 
-from traceq import frames as F
-from traceq import link
-from traceq.decode import decode
 from traceq.errors import TraceError
-from traceq.source import describe, read_bytes
+from traceq.loader import frames as F
+from traceq.loader.decode import decode
+from traceq.loader.source import describe, read_bytes
+from traceq.relations import link
 from traceq.trace import Trace
 
 

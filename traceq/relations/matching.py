@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from traceq import opshapes
+from traceq.relations import opshapes
 
 WINDOW = 2000
 """Most semantic ops between a producer and its consumer on one thread."""

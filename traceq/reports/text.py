@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from traceq.report.model import FindingGroup, Report, format_fix_check, format_us
+from traceq.reports.model import FindingGroup, Report, format_fix_check, format_us
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 

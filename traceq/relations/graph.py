@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 import networkx as nx
 import polars as pl
 
-from traceq.link import LAUNCH_API
+from traceq.relations.link import LAUNCH_API
 
 if TYPE_CHECKING:
     from traceq.trace import Trace

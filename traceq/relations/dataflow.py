@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from traceq import opshapes
-from traceq.matching import CONFIDENCE, THREAD, numel_key, shape_edges, shape_key
-from traceq.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations import opshapes
+from traceq.relations.matching import CONFIDENCE, THREAD, numel_key, shape_edges, shape_key
+from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
@@ -199,7 +199,7 @@ def dataflow(
     """
     ops = dataflow_ops(trace) if ops is None else ops
     if execution_trace is not None:
-        from traceq.execution_trace import replace_inferred
+        from traceq.relations.execution_trace import replace_inferred
 
         return replace_inferred(dataflow(trace, ops), trace, execution_trace, ops)
     nodes = _numbered(ops)

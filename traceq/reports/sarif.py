@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from traceq.report.json import clean
-from traceq.report.model import FindingGroup, Report, format_fix_check
+from traceq.reports.json import clean
+from traceq.reports.model import FindingGroup, Report, format_fix_check
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVEL = {"info": "note", "warning": "warning", "error": "error"}

@@ -34,9 +34,9 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import dijkstra
 
 from traceq.errors import TraceError
-from traceq.graph import host_waits, launched, stream_waits
-from traceq.link import LAUNCH_API
-from traceq.nesting import NONE, depths, parents
+from traceq.relations.graph import host_waits, launched, stream_waits
+from traceq.relations.link import LAUNCH_API
+from traceq.relations.nesting import NONE, depths, parents
 
 if TYPE_CHECKING:
     from traceq.trace import Trace

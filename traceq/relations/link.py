@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from traceq.frames import MODULE_PREFIX
-from traceq.nesting import NONE, depths, enclosing, parents
+from traceq.loader.frames import MODULE_PREFIX
+from traceq.relations.nesting import NONE, depths, enclosing, parents
 
 LAUNCH_API = (
     r"(?i)^(cuda|cu|hip|hipExt)(LaunchKernel|LaunchCooperativeKernel|LaunchKernelExC|"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from traceq.cli.common import load, progress, split_codes, trace_argument
+from traceq.cli.common import load, output_path, progress, split_codes, trace_argument, writing
 
 from traceq.analyze import analysis
 from traceq.reports import FORMATS, Report, build_report, render
@@ -44,7 +44,9 @@ if TYPE_CHECKING:
     default=None,
     help="exit 1 when a finding has this severity or higher",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write here, not stdout")
+@click.option(
+    "-o", "--output", type=click.Path(), callback=output_path, help="write here, not stdout"
+)
 @click.option(
     "--config",
     "config_path",
@@ -92,7 +94,8 @@ def analyze(
         attach_fix_checks(report, loaded, verify_groups)
     text = render(report, fmt, **_render_options(fmt, output))
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        with writing(output):
+            Path(output).write_text(text, encoding="utf-8")
     else:
         click.echo(text, nl=not text.endswith("\n"))
     threshold = fail_on or config.fail_on

@@ -4,7 +4,7 @@ the findings of `traceq analyze` in Perfetto."""
 from __future__ import annotations
 
 import click
-from traceq.cli.common import load, split_codes, trace_argument
+from traceq.cli.common import load, output_path, split_codes, trace_argument, writing
 from traceq.cli.critical_path import region_of
 
 from traceq import analyze
@@ -18,7 +18,8 @@ from traceq.reports import annotate as marking
     "--output",
     "out",
     required=True,
-    type=click.Path(dir_okay=False, writable=True),
+    type=click.Path(),
+    callback=output_path,
     help="Where to write the copy (.json, or .json.gz to gzip it).",
 )
 @click.option(
@@ -63,7 +64,8 @@ def annotate(
         if with_findings
         else []
     )
-    written = marking.annotate(
-        loaded, out, critical_path=with_path, findings=findings, region=region
-    )
+    with writing(out):
+        written = marking.annotate(
+            loaded, out, critical_path=with_path, findings=findings, region=region
+        )
     click.echo(f"wrote {written} ({len(findings)} findings marked)")

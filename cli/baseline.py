@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import click
-from traceq.cli.common import load, trace_argument
+from traceq.cli.common import load, output_path, trace_argument, writing
 
 from traceq.regression.baseline import save_baseline
+from traceq.regression.summary import summarize
 
 
 @click.group()
@@ -18,7 +19,8 @@ def baseline() -> None:
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
+    callback=output_path,
     required=True,
     help="where to write the baseline JSON",
 )
@@ -30,7 +32,9 @@ def baseline() -> None:
 def save(trace: str, output: str, findings: bool | None) -> None:
     """Write a versioned JSON baseline of TRACE: per-step times, per-kernel/op/module
     samples, dispatch, findings, device and versions (never host, user or environment)."""
-    summary = save_baseline(load(trace), output, findings=findings)
+    summary = summarize(load(trace), findings=findings)
+    with writing(output):
+        save_baseline(summary, output)
     groups = summary.groups["group"].n_unique()
     steps = f"{len(summary.steps)} steps" if summary.steps else "no steps"
     click.echo(f"wrote {output}: {steps}, {groups} groups, {summary.dispatch.height} dispatch rows")

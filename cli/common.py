@@ -1,23 +1,75 @@
-"""What every command shares: loading with a progress display, and output formats."""
+"""What every command shares: loading with a progress display, output formats and paths."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
 
 import traceq
-from traceq import Trace
+from traceq import Trace, TraceError
 
 FORMAT = click.Choice(["text", "json"])
 # Any path: a directory or a missing file is the library's to report (one line, exit 2),
 # where click would print a usage block.
 trace_argument = click.argument("trace", type=click.Path())
+
+
+class OutputError(TraceError):
+    """An output path that cannot be written: a missing directory, a directory, no permission.
+
+    A `TraceError`, so the CLI prints it in one line with exit status 2: a traceback with
+    exit 1 would read in CI as "a finding reached --fail-on".
+    """
+
+
+def cannot_write(path: str | os.PathLike[str], reason: str) -> OutputError:
+    return OutputError(f"cannot write {os.fspath(path)}: {reason}")
+
+
+def check_output(path: str | os.PathLike[str]) -> None:
+    """Fail before the (slow) load when `path` clearly cannot be written; creates nothing.
+
+    What this cannot see (a read-only file when running as root, a full disk) `writing`
+    catches at the write itself.
+    """
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise cannot_write(path, "it is a directory")
+    if not folder.exists():
+        raise cannot_write(path, f"directory {folder} does not exist")
+    if not folder.is_dir():
+        raise cannot_write(path, f"{folder} is not a directory")
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        raise cannot_write(path, "permission denied")
+
+
+def output_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """click callback for every `-o/--output`: `check_output` as soon as options are parsed."""
+    if value is not None:
+        check_output(value)
+    return value
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn an `OSError` raised while writing `path` into one `OutputError` line."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and not Path(path).parent.is_dir():
+            raise cannot_write(path, f"directory {Path(path).parent} does not exist") from None
+        reason = exc.strerror or str(exc)
+        raise cannot_write(path, reason[:1].lower() + reason[1:]) from None
 
 
 def split_codes(values: tuple[str, ...]) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -25,8 +26,22 @@ if TYPE_CHECKING:
 
 
 def _fail_usage(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"traceq: error: {message}", err=True)
     sys.exit(2)
+
+
+def _keep_folder(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--keep DIR`: made when missing (like `mkdir -p`); one line and exit 2 when it cannot
+    be, before minutes of recording."""
+    if value is None:
+        return value
+    from traceq.cli.common import cannot_write, writing
+
+    with writing(value):
+        Path(value).mkdir(parents=True, exist_ok=True)
+    if not os.access(value, os.W_OK):
+        raise cannot_write(value, "permission denied")
+    return value
 
 
 def _console() -> Console:
@@ -289,9 +304,10 @@ def _step_time(stats: TraceStats) -> str:
 @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
     "--keep",
-    type=click.Path(file_okay=False),
+    type=click.Path(),
+    callback=_keep_folder,
     default=None,
-    help="Keep the two recorded traces in this directory.",
+    help="Keep the two recorded traces in this directory (made when missing).",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True

@@ -72,7 +72,7 @@ def test_option_overrides_a_threshold() -> None:
         (("--select", "TQ9"), "unknown rule code or prefix 'TQ9'"),
         (("--option", "TQ201.nope=1"), "TQ201 (launch-bound) has no option 'nope'"),
         (("--option", "TQ201"), "must look like CODE.option=value"),
-        (("--option", "TQ201.window=fast"), "TQ201.window must be int"),
+        (("--option", "TQ201.window=fast"), "TQ201.window must be an integer"),
     ],
 )
 def test_bad_rules_and_options_are_one_line_errors_with_exit_2(args, message) -> None:

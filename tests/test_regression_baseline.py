@@ -142,9 +142,9 @@ def test_an_unknown_version_is_refused(tmp_path: Path, saved: dict[str, Any]) ->
         (lambda d: d.update(basis="tpu"), "basis must be one of"),
         (lambda d: d["steps"]["wall_ns"].pop(), "differ in length"),
         (lambda d: d["groups"]["op"]["aten::gelu"]["time_ns"].pop(), "one value per step"),
-        (lambda d: d["groups"]["op"]["aten::gelu"].update(count="3"), "list of integers"),
+        (lambda d: d["groups"]["op"]["aten::gelu"].update(count="3"), "array of integers"),
         (lambda d: d["dispatch"]["ops"][0].update(impl=[99]), "indices into names"),
-        (lambda d: d.update(findings={"rule": "TQ103"}), "findings must be null or a list"),
+        (lambda d: d.update(findings={"rule": "TQ103"}), "findings must be null or an array"),
     ],
 )
 def test_a_damaged_baseline_names_what_is_wrong(

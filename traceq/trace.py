@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -12,14 +12,26 @@ import polars as pl
 from traceq.relations.link import LAUNCH_API
 
 
-@dataclass
+@dataclass(repr=False)
 class Trace:
     """A loaded trace. Frames are Polars DataFrames; `events` holds every raw event + `args`."""
 
     source: str
     metadata: dict[str, Any]
     events: pl.DataFrame
-    frames: dict[str, pl.DataFrame] = field(repr=False)
+    frames: dict[str, pl.DataFrame]
+
+    def __repr__(self) -> str:
+        """One line, whatever the trace holds: `metadata` often carries the recording
+        machine's pip list and environment variables (tokens among them), so `print(trace)`
+        and a notebook cell show counts, and the metadata stays one attribute away."""
+        devices = self.kernels["device"].drop_nulls().unique().sort().to_list()
+        on = f"device{'s' * (len(devices) > 1)} {', '.join(map(str, devices))}"
+        rank = "" if self.rank is None else f", rank {self.rank} of {self.world_size or '?'}"
+        return (
+            f"<Trace {self.source}: {_count(self.events.height, 'event')}, "
+            f"{_count(self.steps.height, 'step')}, {on if devices else 'CPU only'}{rank}>"
+        )
 
     # -- frames -----------------------------------------------------------------------
     @property
@@ -289,3 +301,7 @@ class Trace:
         end = (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max()
         start = pl.col("ts_ns").min()
         return int(timed.select(end - start).item() or 0)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"

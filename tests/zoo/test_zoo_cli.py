@@ -93,6 +93,7 @@ def test_check_json_reports_every_case(device: str) -> None:
 def test_bad_usage_exits_2_with_one_line_and_no_traceback(args: list[str], message: str) -> None:
     result = _invoke(*args)
     assert result.exit_code == 2
-    assert result.stderr.strip().splitlines() == [f"error: {result.stderr.strip()[7:]}"]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("traceq: error: "), lines
     assert message in result.stderr
     assert "Traceback" not in result.output

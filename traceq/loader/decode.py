@@ -56,15 +56,24 @@ _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
 _SUSPECT_ID = r"^(?:[\[{]|true$|false$|-?\d+(?:\.\d*)?(?:[eE]|\.))"
 _BLANK = re.compile(rb"\s*\Z")
 _BOM = b"\xef\xbb\xbf"
-_JSON_TYPES = {
-    "str": "a string",
-    "int": "a number",
-    "float": "a number",
-    "bool": "a boolean",
-    "NoneType": "null",
-    "dict": "an object",
-    "list": "a list",
+# What JSON calls the types of decoded values (messages never say "NoneType" or "dict").
+JSON_TYPES: dict[type, str] = {
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+    dict: "an object",
+    list: "an array",
 }
+# msgspec's type names in "Expected `float | null`, got `str` - at `$.ts`", in JSON's words;
+# `int` is what an event's `pid` must be, so as a requirement it says "an integer".
+_MSGSPEC_GOT = {"str": "a string", "int": "a number", "float": "a number", "bool": "a boolean"}
+_MSGSPEC_GOT |= {"null": "null", "object": "an object", "array": "an array"}
+_MSGSPEC_WANT = {**_MSGSPEC_GOT, "int": "an integer"}
+_MSGSPEC_MISMATCH = re.compile(
+    r"^Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)` - at `\$\.(?P<at>\w+)`$"
+)
 # Times in ns must fit in int64 even as ts + dur: 4e15 us is the year 2096 in epoch time.
 MAX_TIME_US = 4e15
 
@@ -140,16 +149,20 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
             slices = _EVENT_SLICES.decode(events_json)
         except msgspec.ValidationError:
             raise TraceSchemaError(
-                f"not a trace: 'traceEvents' is {_json_type(events_json)}, not a list"
+                f"not a trace: 'traceEvents' is {_json_type(events_json)}, not an array"
             ) from None
     events = _parse_events(slices)
     _validate(events, slices)
     return Decoded(metadata=metadata, events=events)
 
 
+def json_type(value: Any) -> str:
+    """What JSON calls `value`'s type: null, a boolean, a number, a string, an array, an object."""
+    return JSON_TYPES.get(type(value), type(value).__name__)
+
+
 def _json_type(raw: bytes | bytearray | memoryview | msgspec.Raw) -> str:
-    kind = type(msgspec.json.decode(raw)).__name__
-    return _JSON_TYPES.get(kind, kind)
+    return json_type(msgspec.json.decode(raw))
 
 
 def _without_bom(buf: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
@@ -229,8 +242,9 @@ def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchem
     """Find the first event of a batch Polars rejected and say what is wrong with it."""
     for offset, raw in enumerate(batch):
         if bytes(raw).lstrip()[:1] != b"{":
-            kind = type(msgspec.json.decode(raw)).__name__
-            return TraceSchemaError(f"event {start + offset} is a JSON {kind}, not an object")
+            return TraceSchemaError(
+                f"event {start + offset} is {_json_type(raw)}, not a JSON object"
+            )
         try:
             _STRICT.decode(raw)
         except msgspec.DecodeError as err:
@@ -338,9 +352,15 @@ def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
 
 
 def _strict_problem(event: int, err: msgspec.DecodeError) -> TraceSchemaError:
-    """msgspec's message with its `$.field` paths written as the event's 'field'."""
-    where = str(err).replace("`$.", "'").replace("`", "'")
-    return TraceSchemaError(f"event {event}: {where}")
+    """msgspec's message in JSON's words: "event 3: 'ts' is a string, not a number or null"."""
+    mismatch = _MSGSPEC_MISMATCH.match(str(err))
+    if mismatch is None:
+        where = str(err).replace("`$.", "'").replace("`", "'")
+        return TraceSchemaError(f"event {event}: {where}")
+    want = [_MSGSPEC_WANT.get(t, t) for t in mismatch["want"].split(" | ")]
+    got = _MSGSPEC_GOT.get(mismatch["got"], mismatch["got"])
+    wanted = ", ".join(want[:-1]) + " or " + want[-1] if len(want) > 1 else want[0]
+    return TraceSchemaError(f"event {event}: '{mismatch['at']}' is {got}, not {wanted}")
 
 
 def _require(events: pl.DataFrame, bad: pl.Expr, problem: str) -> None:

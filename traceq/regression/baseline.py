@@ -22,6 +22,7 @@ from typing import IO, Any
 import polars as pl
 
 from traceq import __version__
+from traceq.loader.decode import JSON_TYPES, json_type
 from traceq.regression.dispatch import IMPL_SCHEMA, IMPL_SEP
 from traceq.regression.errors import BaselineError
 from traceq.regression.groups import DIMENSIONS, GROUP_SCHEMA
@@ -199,7 +200,7 @@ def from_json(document: Any, source: str = "") -> Summary:
     if findings is not None and not (
         isinstance(findings, list) and all(isinstance(f, dict) and "rule" in f for f in findings)
     ):
-        raise BaselineError("findings must be null or a list of findings")
+        raise BaselineError("findings must be null or an array of findings")
     return Summary(
         basis=basis,
         steps=ids,
@@ -250,16 +251,16 @@ def _dispatch_frame(dispatch: Any) -> pl.DataFrame:
         raise BaselineError("dispatch must be an object with 'names' and 'ops'")
     names, entries = dispatch.get("names"), dispatch.get("ops")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise BaselineError("dispatch.names must be a list of kernel names")
+        raise BaselineError("dispatch.names must be an array of kernel names")
     if not isinstance(entries, list):
-        raise BaselineError("dispatch.ops must be a list")
+        raise BaselineError("dispatch.ops must be an array")
     rows = []
     for i, entry in enumerate(entries):
         impl = entry.get("impl") if isinstance(entry, dict) else None
         if not isinstance(impl, list) or not all(
             isinstance(k, int) and 0 <= k < len(names) for k in impl
         ):
-            raise BaselineError(f"dispatch.ops[{i}] needs an 'impl' list of indices into names")
+            raise BaselineError(f"dispatch.ops[{i}] needs an 'impl' array of indices into names")
         rows.append({**entry, "impl": IMPL_SEP.join(names[k] for k in impl)})
     try:
         return pl.DataFrame(rows, schema=IMPL_SCHEMA) if rows else pl.DataFrame(schema=IMPL_SCHEMA)
@@ -272,7 +273,7 @@ def _field(document: dict[str, Any], key: str, kind: type) -> Any:
         raise BaselineError(f"missing field {key!r}")
     value = document[key]
     if not isinstance(value, kind):
-        raise BaselineError(f"{key} must be a {kind.__name__}, not {type(value).__name__}")
+        raise BaselineError(f"{key} must be {JSON_TYPES[kind]}, not {json_type(value)}")
     return value
 
 
@@ -285,7 +286,7 @@ def _int(value: Any, where: str) -> int:
 def _int_list(container: dict[str, Any], key: str, where: str) -> list[int]:
     value = container.get(key)
     if not isinstance(value, list):
-        raise BaselineError(f"{where}.{key} must be a list of integers")
+        raise BaselineError(f"{where}.{key} must be an array of integers")
     return [_int(v, f"{where}.{key}") for v in value]
 
 

@@ -199,8 +199,19 @@ def _codes(value: Any, key: str, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{key!r}{where} must be a list of rule codes or prefixes")
+        raise ConfigError(f"{key!r}{where} must be an array of rule codes or prefixes")
     return tuple(v.strip().upper() if v.strip().upper() != "ALL" else "ALL" for v in value)
+
+
+# An option's type as TOML (and JSON) name it: no "float" or "NoneType" in a message.
+_TYPES = {
+    bool: "a boolean (true or false)",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    tuple: "an array",
+}
 
 
 def _checked(rule: Rule, key: str, value: Any) -> Any:
@@ -219,7 +230,8 @@ def _checked(rule: Rule, key: str, value: Any) -> Any:
         ok = isinstance(value, type(default))
     if not ok:
         raise ConfigError(
-            f"{rule.code}.{key} must be {type(default).__name__} (default {default!r}), "
+            f"{rule.code}.{key} must be {_TYPES.get(type(default), 'a string')} "
+            f"(default {default!r}), "
             f"not {value!r}"
         )
     return value

@@ -37,6 +37,8 @@ def _keep_folder(ctx: click.Context, param: click.Parameter, value: str | None) 
         return value
     from traceq.cli.common import cannot_write, writing
 
+    if Path(value).exists() and not Path(value).is_dir():
+        raise cannot_write(value, "it is not a directory")
     with writing(value):
         Path(value).mkdir(parents=True, exist_ok=True)
     if not os.access(value, os.W_OK):

@@ -25,12 +25,16 @@ from traceq import __version__
 from traceq.loader.decode import JSON_TYPES, json_type
 from traceq.regression.dispatch import IMPL_SCHEMA, IMPL_SEP
 from traceq.regression.errors import BaselineError
-from traceq.regression.groups import DIMENSIONS, GROUP_SCHEMA
+from traceq.regression.groups import DIMENSIONS, GROUP_SCHEMA, OP_TOTAL
 from traceq.regression.summary import Summary, summarize
 from traceq.trace import Trace
 
 VERSION_KEY = "traceq_baseline"
-VERSION = 1
+# 2 added the `op_total` groups (every op at any depth); a version 1 baseline still reads,
+# and its op metrics fall back to the outermost-op groups (`check.op_dimension`).
+VERSION = 2
+READABLE = (1, 2)
+STORED = (*DIMENSIONS, OP_TOTAL)
 MAX_BYTES = 256 << 20  # a baseline is kilobytes; refuse to inflate a mislabelled trace
 BASES = ("gpu", "cpu")
 
@@ -48,7 +52,7 @@ def to_json(summary: Summary) -> dict[str, Any]:
             "time_ns": summary.step_time_ns,
         },
         "total_wall_ns": summary.total_wall_ns,
-        "groups": {dim: _groups_json(summary, dim) for dim in DIMENSIONS},
+        "groups": {dim: _groups_json(summary, dim) for dim in STORED},
         "dispatch": _dispatch_json(summary.dispatch),
         "findings": summary.findings,
     }
@@ -180,10 +184,11 @@ def from_json(document: Any, source: str = "") -> Summary:
     version = document[VERSION_KEY]
     if not isinstance(version, int) or isinstance(version, bool):
         raise BaselineError(f"{VERSION_KEY} must be an integer, not {version!r}")
-    if version != VERSION:
+    if version not in READABLE:
         newer = " (written by a newer traceq: upgrade)" if version > VERSION else ""
         raise BaselineError(
-            f"baseline version {version} is not supported; this traceq reads {VERSION}{newer}"
+            f"baseline version {version} is not supported; this traceq reads versions "
+            f"{', '.join(map(str, READABLE))}{newer}"
         )
     basis = _field(document, "basis", str)
     if basis not in BASES:
@@ -225,7 +230,7 @@ def _groups_frame(groups: dict[str, Any], steps: list[int]) -> pl.DataFrame:
             rows[key].append(value)
 
     for dim, members in groups.items():
-        if dim not in DIMENSIONS or not isinstance(members, dict):
+        if dim not in STORED or not isinstance(members, dict):
             raise BaselineError(f"groups.{dim}: unknown dimension or not an object")
         for name, entry in members.items():
             where = f"groups.{dim}[{name!r}]"

@@ -2,7 +2,10 @@
 
 Without named metrics, it checks the step time, the total GPU time (CPU op time on
 CPU-only traces) and every kernel, op and module group that holds at least 1 % of the
-time in either trace, and names every one that regressed. A metric regresses when its
+time in either trace, and names every one that regressed. Ops are chosen by the outermost
+op called (those groups add up), and every op metric, chosen or named (`op:aten::mm`),
+measures the op as `torch.profiler`'s `key_averages()` names it: its instances at any
+depth, their total time (`groups.op_totals`). A metric regresses when its
 relative change exceeds `max_regress` and lies outside the noise (see `stats`). Groups
 that appear or disappear are reported, not failed: their time shows in the totals, and a
 pattern that came back shows as a new finding (`fail_on_new_findings`).
@@ -19,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from traceq.regression.baseline import load_summary
-from traceq.regression.diff import as_summary, basis_label, comparability_notes, findings_diff
+from traceq.regression.diff import (
+    as_summary,
+    basis_label,
+    comparability_notes,
+    findings_diff,
+    op_dimension,
+)
 from traceq.regression.errors import RegressionError
 from traceq.regression.groups import DIMENSIONS, strip_compile_wrapper
 from traceq.regression.stats import Change, compare
@@ -137,6 +146,7 @@ def check(
     selected = [_resolve(spec, base, new) for spec in metrics] if metrics else None
     if selected is None:
         selected = default_metrics(base, new, per_step, min_share)
+    selected = [_measured(m, op_dimension(base, new)) for m in selected]
     base_rows = np.vstack([_samples(base, m, per_step) for m in selected])
     new_rows = np.vstack([_samples(new, m, per_step) for m in selected])
     changes = compare(base_rows, new_rows)
@@ -200,6 +210,11 @@ def default_metrics(
     return chosen
 
 
+def _measured(selected: Selected, op_dim: str) -> Selected:
+    spec, label, dim, names = selected
+    return (spec, label, op_dim, names) if dim == "op" else selected
+
+
 def _basis_spec(summary: Summary) -> str:
     return "gpu" if summary.basis == "gpu" else "cpu"
 
@@ -220,11 +235,11 @@ def _resolve(spec: str, base: Summary, new: Summary) -> Selected:
         raise RegressionError(f"metric {spec!r} needs a name: {kind}:NAME")
     if kind == "kernel" and base.basis == "cpu":
         raise RegressionError(f"{spec!r}: a CPU-only trace has no kernels; check an op instead")
-    names = sorted(set(base.group_names(kind)) | set(new.group_names(kind)))
+    dim = op_dimension(base, new) if kind == "op" else kind
+    names = sorted(set(base.group_names(dim)) | set(new.group_names(dim)))
     chosen = [g for g in names if _matches(kind, name, g)]
     if not chosen:
-        hint = " (ops are grouped by the op called, e.g. aten::linear)" if kind == "op" else ""
-        raise RegressionError(f"metric {spec!r} matches no {kind} in either trace{hint}")
+        raise RegressionError(f"metric {spec!r} matches no {kind} in either trace")
     label = f"{kind} {name}" + (f" ({len(chosen)} groups)" if len(chosen) > 1 else "")
     return (f"{kind}:{name}", label, kind, chosen)
 

@@ -8,6 +8,11 @@ ops that became one fused kernel, and the analyzer's findings that appear or dis
 Traces of different lengths compare per step when both have steps; traces from different
 devices or vendors should be compared by op or module (the default), because the same
 model runs differently named kernels on an A100, a V100 and an MI300.
+
+`--by op` lists the ops called (the outermost op of each call, in either trace) and measures
+each as `key_averages()` would: its instances at any depth, their total time. So eager
+`aten::linear` → compiled `aten::mm` shows `aten::mm` in both traces (nested in the first),
+not as a new op; an op's row holds the time of the ops nested in it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import polars as pl
 from traceq.kernel_names import split_fused_ops
 from traceq.regression.dispatch import dispatch_changes
 from traceq.regression.errors import RegressionError
-from traceq.regression.groups import strip_compile_wrapper
+from traceq.regression.groups import OP_TOTAL, strip_compile_wrapper
 from traceq.regression.stats import Change, compare
 from traceq.regression.summary import Summary, summarize
 from traceq.trace import Trace
@@ -103,6 +108,13 @@ class Diff:
         }
 
 
+def op_dimension(base: Summary, new: Summary) -> str:
+    """Where op times are measured: `op_total` (every op at any depth), or the outermost-op
+    groups when a summary lacks it (a version 1 baseline)."""
+    both = all(summary.group_names(OP_TOTAL) for summary in (base, new))
+    return OP_TOTAL if both else "op"
+
+
 def as_summary(value: Trace | Summary, findings: bool | None = None) -> Summary:
     return value if isinstance(value, Summary) else summarize(value, findings=findings)
 
@@ -127,7 +139,11 @@ def diff(
     if by == "kernel" and "cpu" in (b.basis, n.basis):
         raise RegressionError("a CPU-only trace has no kernels: diff it --by op or module")
     per_step = b.has_steps and n.has_steps
-    groups = step_rows(b, n, per_step) if by == "step" else group_rows(b, n, by, per_step)
+    if by == "step":
+        groups = step_rows(b, n, per_step)
+    else:
+        measure = op_dimension(b, n) if by == "op" else by
+        groups = group_rows(b, n, by, per_step, measure=measure)
     unit = "kernels" if b.basis == n.basis == "gpu" else "ops"
     # Kernels and child ops are not the same kind of implementation: compare like with like.
     same = b.basis == n.basis
@@ -187,19 +203,27 @@ def totals(b: Summary, n: Summary, per_step: bool) -> list[Total]:
 
 
 def group_rows(
-    b: Summary, n: Summary, dim: str, per_step: bool, with_stats: bool = True
+    b: Summary,
+    n: Summary,
+    dim: str,
+    per_step: bool,
+    with_stats: bool = True,
+    measure: str | None = None,
 ) -> pl.DataFrame:
-    """One row per group present in either: per-step (or total) count and time, delta,
-    shares of the total, status, and (`with_stats`) the change's interval and p-value."""
+    """One row per group of `dim` present in either: per-step (or total) count and time,
+    delta, shares of the basis time, status, and (`with_stats`) the change's interval and
+    p-value. `measure`: the dimension the values come from (`op_total` for ops), when not
+    `dim` itself."""
     names = sorted(set(b.group_names(dim)) | set(n.group_names(dim)))
     if not names:
         return empty_rows()
+    dim = measure or dim
     bt, nt = b.samples(dim, names, per_step=per_step), n.samples(dim, names, per_step=per_step)
     bc = b.samples(dim, names, "count", per_step=per_step)
     nc = n.samples(dim, names, "count", per_step=per_step)
     changes = compare(bt, nt) if with_stats else [None] * len(names)
-    base_total = max(bt.mean(axis=1).sum(), 1.0)
-    new_total = max(nt.mean(axis=1).sum(), 1.0)
+    base_total = max(float(b.step_samples("time", per_step).mean()), 1.0)
+    new_total = max(float(n.step_samples("time", per_step).mean()), 1.0)
     frame = pl.DataFrame(
         {
             "group": names,

@@ -11,6 +11,13 @@ the outermost semantic op above it, as data flow defines it (`aten::linear`, not
 `aten::addmm` beneath it; `aten::to`, not `aten::copy_`; an Inductor kernel as itself).
 That name survives changes of device, vendor and PyTorch version, where kernel names and
 inner dispatch do not.
+
+People also name ops the way `torch.profiler`'s `key_averages()` lists them: every op at any
+depth. `op_totals` measures each op name that way (dimension `op_total`): the total time of
+its instances wherever they run, an instance nested inside another of the same name counted
+once, through the outer one. Those groups overlap (`aten::linear` holds `aten::addmm`), so
+they are what a metric `op:NAME` measures, while the `op` groups above, which add up, stay
+the default set a check looks at.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from traceq.relations.dataflow import semantic_root
 from traceq.trace import Trace
 
 DIMENSIONS = ("kernel", "op", "module")
+OP_TOTAL = "op_total"
 NO_OP = "(no op)"
 NO_MODULE = "(no module)"
 
@@ -128,6 +136,77 @@ def timed_rows(trace: Trace, semantic: pl.DataFrame | None = None) -> pl.DataFra
         "step",
         pl.col("semantic").alias("call"),
         "time_ns",
+    )
+
+
+def op_instances(ops: pl.DataFrame) -> pl.DataFrame:
+    """(`event`, `name`, `instance`): for each op, every name on its ancestor-or-self chain,
+    with the outermost op of that name on the chain (the instance its time counts towards).
+
+    Built level by level with joins on `parent` (as deep as the deepest op), not per row."""
+    chain = ops.select(
+        pl.col("event").cast(pl.Int64),
+        pl.col("event").cast(pl.Int64).alias("ancestor"),
+        pl.col("parent").cast(pl.Int64).alias("_next"),
+    )
+    parent_of = ops.select(
+        pl.col("event").cast(pl.Int64).alias("_next"), pl.col("parent").cast(pl.Int64)
+    )
+    links = [chain.select("event", "ancestor")]
+    frontier = chain.filter(pl.col("_next").is_not_null())
+    while frontier.height:
+        step = frontier.select("event", pl.col("_next").alias("ancestor"), "_next")
+        links.append(step.select("event", "ancestor"))
+        frontier = (
+            step.join(parent_of, on="_next", how="inner")
+            .select("event", "ancestor", pl.col("parent").alias("_next"))
+            .filter(pl.col("_next").is_not_null())
+        )
+    names = ops.select(
+        pl.col("event").cast(pl.Int64).alias("ancestor"), "name", pl.col("depth").alias("_depth")
+    )
+    return (
+        pl.concat(links)
+        .join(names, on="ancestor", how="inner")
+        .sort("_depth")
+        .group_by("event", "name", maintain_order=True)
+        .agg(pl.col("ancestor").first().alias("instance"))
+    )
+
+
+def op_totals(trace: Trace) -> pl.DataFrame:
+    """`op_total` groups (see the module docstring): per op name and step, how many instances
+    and their time. Time: the GPU activities launched under an instance (each counted once),
+    or, on CPU-only traces, the instances' own durations (children included)."""
+    ops = trace.ops
+    if ops.height == 0:
+        return pl.DataFrame(schema=GROUP_SCHEMA)
+    instances = op_instances(ops)
+    if time_basis(trace) == "gpu":
+        rows = trace.kernels.select(
+            pl.col("op_event").cast(pl.Int64).alias("event"),
+            "step",
+            pl.col("dur_ns").fill_null(0).alias("time_ns"),
+        ).join(instances, on="event", how="inner")
+    else:
+        rows = (
+            instances.filter(pl.col("event") == pl.col("instance"))
+            .join(
+                ops.select(pl.col("event").cast(pl.Int64), "step", "dur_ns"),
+                on="event",
+                how="left",
+            )
+            .select("name", "instance", "step", pl.col("dur_ns").fill_null(0).alias("time_ns"))
+        )
+    return (
+        rows.group_by(pl.col("name").alias("group"), "step")
+        .agg(
+            pl.col("instance").n_unique().cast(pl.Int64).alias("count"),
+            pl.col("time_ns").sum().cast(pl.Int64),
+        )
+        .select(pl.lit(OP_TOTAL).alias("dim"), "group", "step", "count", "time_ns")
+        .cast(GROUP_SCHEMA)
+        .sort("group", "step", nulls_last=True)
     )
 
 

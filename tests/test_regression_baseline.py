@@ -132,7 +132,8 @@ def write(tmp_path: Path, data: Any, name: str = "bad.json") -> Path:
 
 def test_an_unknown_version_is_refused(tmp_path: Path, saved: dict[str, Any]) -> None:
     saved[VERSION_KEY] = VERSION + 1
-    with pytest.raises(BaselineError, match=rf"version {VERSION + 1} is not supported.*newer traceq"):
+    newer = rf"version {VERSION + 1} is not supported.*newer traceq"
+    with pytest.raises(BaselineError, match=newer):
         load_baseline(write(tmp_path, saved))
 
 

@@ -46,12 +46,12 @@ def check(
     fmt: str,
 ) -> None:
     """Check TRACE against a baseline; exit 1 when a metric regressed beyond noise."""
-    limit = parse_ratio(max_regress)
+    parse_ratio(max_regress)  # bad syntax fails before the load; `check` parses it once more
     with progress(f"Checking {trace} ..."):
         result = run_check(
             trace,
             baseline_path,
-            max_regress=limit,
+            max_regress=max_regress,
             metrics=list(metrics) or None,
             fail_on_new_findings=fail_on_new_findings,
         )

@@ -242,3 +242,64 @@ def test_the_pytest_plugin_checks_a_nested_op(pytester: pytest.Pytester, tmp_pat
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert "op:aten::mm" in result.stdout.str() or "aten::mm" in result.stdout.str()
+
+
+# -- findings matched by what they are about ---------------------------------------------
+
+
+def _gemm_mkn(document: dict[str, Any], name: str) -> set[str]:
+    """M×K×N of every `name` GEMM in the raw JSON, from its `Input Dims` (input rows folded
+    into M; `linear` weights are [N, K], `mm`'s second operand [K, N])."""
+    found = set()
+    for op in _ops(document):
+        if op["name"] != name:
+            continue
+        x, w = op["args"]["Input Dims"][:2]
+        n = w[0] if name == "aten::linear" else w[1]
+        m = 1
+        for d in x[:-1]:
+            m *= d
+        found.add(f"{m}x{x[-1]}x{n}")
+    return found
+
+
+@pytest.mark.parametrize("model", ["geglu_mlp", "swiglu_mlp"])
+def test_a_finding_renamed_by_compile_is_neither_gone_nor_new(model: str, tmp_path: Path) -> None:
+    """TQ105 (parallel GEMMs) fires on `aten::linear` [4, 16, 64] in eager and on `aten::mm`
+    [64, 64] after torch.compile: the same GEMMs, M=64, K=64, N=128 (from the raw JSON)."""
+    eager, compiled = (
+        FIXTURES / f"{model}-{side}.pt.trace.json.gz" for side in ("eager", "compiled")
+    )
+    assert _gemm_mkn(_raw(eager), "aten::linear") >= {"64x64x128"}
+    assert _gemm_mkn(_raw(compiled), "aten::mm") >= {"64x64x128"}
+    before = {f.rule: f for f in traceq.analyze(traceq.load(eager))}
+    after = {f.rule: f for f in traceq.analyze(traceq.load(compiled))}
+    assert before["TQ105"].evidence["op_names"][0] == "aten::linear"
+    assert after["TQ105"].evidence["op_names"][0] == "aten::mm"
+    result = diff(traceq.load(eager), traceq.load(compiled), findings=True)
+    assert result.findings is not None
+    assert result.findings["appeared"] == []
+    assert "TQ105" not in {f["rule"] for f in result.findings["disappeared"]}
+    assert "TQ103" in {f["rule"] for f in result.findings["disappeared"]}  # compile fused it
+    base = tmp_path / "eager.json"
+    CliRunner().invoke(main, ["baseline", "save", str(eager), "-o", str(base)])
+    args = ["--metric", "step", "--max-regress", "9000%", "--fail-on-new-findings"]
+    gate = CliRunner().invoke(main, ["check", str(compiled), "--baseline", str(base), *args])
+    assert gate.exit_code == 0, gate.output
+    # A finding that is really new still fails the gate: compiled first, eager after.
+    back = tmp_path / "compiled.json"
+    CliRunner().invoke(main, ["baseline", "save", str(compiled), "-o", str(back)])
+    worse = CliRunner().invoke(main, ["check", str(eager), "--baseline", str(back), *args])
+    assert worse.exit_code == 1 and "TQ103" in worse.output
+
+
+def test_a_limit_over_100_percent_is_read_once() -> None:
+    """`--max-regress 500%` is 5.0, not 0.05 (the CLI used to parse it twice)."""
+    compiled = FIXTURES / "swiglu_mlp-compiled.pt.trace.json.gz"
+    eager = FIXTURES / "swiglu_mlp-eager.pt.trace.json.gz"
+    step = check(str(compiled), str(eager), metrics=["step"]).metrics[0].change
+    assert 0.5 < step.rel < 5  # compiled runs slower on a CPU, by less than 500 %
+    args = ["check", str(compiled), "--baseline", str(eager), "--metric", "step"]
+    result = CliRunner().invoke(main, [*args, "--max-regress", "500%", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["max_regress"] == 5.0

@@ -17,9 +17,10 @@ not as a new op; an op's row holds the time of the ops nested in it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -31,6 +32,9 @@ from traceq.regression.groups import OP_TOTAL, strip_compile_wrapper
 from traceq.regression.stats import Change, compare
 from traceq.regression.summary import Summary, summarize
 from traceq.trace import Trace
+
+if TYPE_CHECKING:
+    from traceq.rules.finding import Finding
 
 BY = ("op", "kernel", "module", "step")
 # Inductor names a fused kernel after the ops it absorbed:
@@ -371,11 +375,38 @@ def fusions(b: Summary, n: Summary, per_step: bool) -> list[Fusion]:
     return found
 
 
+def finding_identity(finding: Finding) -> str:
+    """What a finding is about, the same in an eager and a compiled run of one model: its
+    rule, its module (torch.compile's `OptimizedModule` wrapper dropped, layer indices as
+    `*`) and its GEMM as M×K×N. Never the op name: compile turns `aten::linear` on a
+    [4, 16, 64] input into `aten::mm` on [64, 64], one GEMM of M=64, K=64. Leading dims fold
+    into M, as `aten::mm` sees them. Findings without shapes are about their ops (TQ204's
+    dispatch-heavy op names), so those keep the op names."""
+    from traceq.rules.finding import normalize_module
+
+    module = normalize_module(strip_compile_wrapper(finding.module)) or ""
+    evidence = finding.evidence
+    if evidence.get("k") is not None and evidence.get("x_shape"):
+        n = evidence.get("n")
+        ns = "+".join(map(str, n)) if isinstance(n, list) else str(n)
+        subject = f"{math.prod(evidence['x_shape'][:-1])}x{evidence['k']}x{ns}"
+    elif finding.shapes:
+        subject = ";".join("x".join(map(str, _folded(s))) for s in finding.shapes)
+    else:
+        subject = ",".join(dict.fromkeys(evidence.get("op_names") or []))
+    return f"{finding.rule}|{module}|{subject}"
+
+
+def _folded(shape: list[int]) -> list[int]:
+    """[4, 16, 64] -> [64, 64]: every leading dim folded into the first, as GEMMs see it."""
+    return [math.prod(shape[:-1]), shape[-1]] if len(shape) > 2 else list(shape)
+
+
 def findings_diff(
     base: list[dict[str, Any]] | None, new: list[dict[str, Any]] | None
 ) -> dict[str, list[dict[str, Any]]] | None:
-    """Findings (by `Finding.key()`, with torch.compile's wrapper module dropped so eager and
-    compiled runs of one model match) present in only one of the two, with their counts."""
+    """Findings present in only one of the two (matched by `finding_identity`, so a finding
+    whose op was renamed by torch.compile is one finding), with their counts."""
     if base is None or new is None:
         return None
     from traceq.rules.finding import Finding
@@ -383,9 +414,7 @@ def findings_diff(
     def by_key(items: list[dict[str, Any]]) -> dict[str, tuple[int, dict[str, Any]]]:
         out: dict[str, tuple[int, dict[str, Any]]] = {}
         for item in items:
-            finding = Finding.from_dict(item)
-            finding.module = strip_compile_wrapper(finding.module)
-            key = finding.key()
+            key = finding_identity(Finding.from_dict(item))
             count, first = out.get(key, (0, item))
             out[key] = (count + 1, first)
         return out

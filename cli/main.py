@@ -1,5 +1,9 @@
 """Entry point: the `traceq` group, and one-line errors with exit 2 for bad input.
 
+Every error any command prints is one line that starts `traceq: error:`: bad input (a
+`TraceError`), an output path that cannot be written, and click's own usage errors (a
+missing option, a bad value), which click would otherwise print as a usage block.
+
 Commands are imported when used, so `traceq info` never imports torch (only `zoo` needs it).
 """
 
@@ -45,6 +49,11 @@ class Group(click.Group):
             return super().invoke(ctx)
         except TraceError as exc:
             click.echo(f"traceq: error: {exc}", err=True)
+            sys.exit(2)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            message = " ".join(exc.format_message().split())
+            click.echo(f"traceq: error: {message} (see '{where} --help')", err=True)
             sys.exit(2)
 
 

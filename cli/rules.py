@@ -44,7 +44,7 @@ def rules(fmt: str) -> None:
         table.add_row(r.code, r.name, r.severity, summary)
     Console(width=120, soft_wrap=False).print(table)
     for problem in ruleset.problems:
-        click.echo(f"warning: {problem}", err=True)
+        click.echo(f"traceq: warning: {problem}", err=True)
 
 
 @click.command()

@@ -163,6 +163,23 @@ def test_every_command_prefixes_its_errors_with_traceq_error(args: list[str]) ->
     assert _one_error_line(result.stderr).startswith("traceq: error: ")
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["analyze"], "Missing argument 'TRACE'. (see 'traceq analyze --help')"),
+        (["check", FIXTURE], "Missing option '--baseline'. (see 'traceq check --help')"),
+        (["zoo", "check", "glu"], "Missing option '--shape'. (see 'traceq zoo check --help')"),
+        (["nosuch"], "No such command 'nosuch'. (see 'traceq --help')"),
+        (["diff", "--by", "x", FIXTURE, FIXTURE], "Invalid value for '--by': 'x' is not one of"),
+    ],
+)
+def test_usage_errors_are_one_traceq_error_line(args: list[str], message: str) -> None:
+    """click's usage block ("Usage: … Try … Error: …") becomes the same one line."""
+    result = CliRunner().invoke(main, args, prog_name="traceq")
+    assert result.exit_code == 2
+    assert _one_error_line(result.stderr).startswith(f"traceq: error: {message}")
+
+
 # -- JSON's names for types ------------------------------------------------------------------
 
 EVENT = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}

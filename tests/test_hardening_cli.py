@@ -85,6 +85,23 @@ def test_read_only_file_is_one_line_and_exit_2(tmp_path: Path, command: str) -> 
     assert path.read_text() == "{}"
 
 
+def test_read_only_file_as_a_normal_user_sees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the test above cannot run (root writes anything), `os.access` answers as it
+    does for a normal user on a read-only file."""
+    path = tmp_path / "locked.json"
+    path.write_text("{}")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path else real(p, mode))
+    for args in _writers(str(path)).values():
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        line = _one_error_line(result.stderr)
+        assert line == f"traceq: error: cannot write {path}: permission denied"
+    assert path.read_text() == "{}"
+
+
 def test_a_missing_directory_is_reported_before_the_trace_is_loaded(tmp_path: Path) -> None:
     """The check runs when options are parsed: a trace that does not exist is not even read."""
     out = tmp_path / "missing" / "out.json"

@@ -93,7 +93,11 @@ def test_read_only_file_as_a_normal_user_sees_it(
     path = tmp_path / "locked.json"
     path.write_text("{}")
     real = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == path else real(p, mode))
+
+    def access(where: str | Path, mode: int) -> bool:
+        return not (Path(where) == path and mode & os.W_OK) and real(where, mode)
+
+    monkeypatch.setattr(os, "access", access)
     for args in _writers(str(path)).values():
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2, result.output

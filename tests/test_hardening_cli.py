@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -320,3 +321,50 @@ def test_rich_and_ipython_show_the_one_line() -> None:
     trace = traceq.load(FIXTURE)
     assert pretty_repr(trace) == repr(trace)
     assert not hasattr(trace, "_repr_html_")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ([None], "ET node 0 is null, not an object"),
+        (
+            [
+                {
+                    "id": 1,
+                    "name": "x",
+                    "inputs": None,
+                    "input_types": [],
+                    "outputs": [],
+                    "output_types": [],
+                }
+            ],
+            "ET node 0: 'inputs' is null, not an array or an object",
+        ),
+        (
+            [
+                {
+                    "id": "one",
+                    "name": "x",
+                    "inputs": [],
+                    "input_types": [],
+                    "outputs": [],
+                    "output_types": [],
+                }
+            ],
+            "ET node 0: 'id' is a string, not an integer",
+        ),
+        ([{"id": 1, "name": "x"}], "ET node 0 has no 'inputs'"),
+    ],
+)
+def test_execution_trace_messages_name_json_types(
+    tmp_path: Path, nodes: list[Any], message: str
+) -> None:
+    from traceq.relations.execution_trace import load_execution_trace
+
+    path = tmp_path / "et.json"
+    path.write_text(json.dumps({"schema": "1.0.1", "nodes": nodes}))
+    with pytest.raises(traceq.TraceError) as raised:
+        load_execution_trace(path)
+    text = str(raised.value)
+    assert message in text, text
+    assert not re.search(PYTHON_NAMES, text), text

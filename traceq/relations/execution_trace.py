@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from traceq.errors import TraceFormatError
+from traceq.loader.decode import json_type
 from traceq.loader.source import describe, read_bytes
 
 if TYPE_CHECKING:
@@ -74,11 +75,38 @@ def load_execution_trace(
         raise ExecutionTraceError("no `nodes` list: not a PyTorch Execution Trace", source=name)
     try:
         rows = [_node_row(node) for node in nodes]
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ExecutionTraceError(
-            f"malformed ET node ({type(exc).__name__}: {exc})", source=name
-        ) from None
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        raise ExecutionTraceError(_node_problem(nodes), source=name) from None
     return pl.DataFrame(rows, schema=ET_SCHEMA, orient="row").sort("et_id")
+
+
+# The node fields `_node_row` reads, and what JSON type each must be.
+_NODE_FIELDS = {
+    "id": ((int,), "an integer"),
+    "name": ((str,), "a string"),
+    "inputs": ((list, dict), "an array or an object"),
+    "outputs": ((list, dict), "an array or an object"),
+    "input_types": ((list,), "an array"),
+    "output_types": ((list,), "an array"),
+    "attrs": ((list,), "an array"),
+}
+
+
+def _node_problem(nodes: list[Any]) -> str:
+    """The first malformed node and what is wrong with it, in JSON's words."""
+    for index, node in enumerate(nodes):
+        try:
+            _node_row(node)
+        except KeyError as exc:
+            return f"ET node {index} has no {exc.args[0]!r}"
+        except (TypeError, ValueError, IndexError, AttributeError):
+            if not isinstance(node, dict):
+                return f"ET node {index} is {json_type(node)}, not an object"
+            for key, (types, wanted) in _NODE_FIELDS.items():
+                if key in node and not isinstance(node[key], types):
+                    return f"ET node {index}: {key!r} is {json_type(node[key])}, not {wanted}"
+            return f"ET node {index} has a value of the wrong type inside it"
+    return "malformed ET node"
 
 
 def _node_row(node: dict[str, Any]) -> tuple[Any, ...]:

@@ -303,3 +303,14 @@ def test_a_limit_over_100_percent_is_read_once() -> None:
     result = CliRunner().invoke(main, [*args, "--max-regress", "500%", "--format", "json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["max_regress"] == 5.0
+
+
+def test_the_pytest_plugin_reports_an_unwritable_baseline_in_one_line(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_mm=PLUGIN_TEST.format(trace=str(EAGER)))
+    (pytester.path / "__traceq_baselines__").write_text("a file where the folder goes")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*traceq: cannot write *__traceq_baselines__*test_mm.json: *"])
+    assert "Traceback" not in result.stdout.str() and "OSError" not in result.stdout.str()

@@ -89,8 +89,11 @@ class TraceRegression:
         path = self.baseline_path(name)
         trace = load(trace_path)
         if self.update or not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_baseline(trace, path, findings=True if fail_on_new_findings else None)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_baseline(trace, path, findings=True if fail_on_new_findings else None)
+            except OSError as exc:  # one line, as the CLI says it, not a traceback
+                pytest.fail(f"traceq: cannot write {path}: {exc.strerror or exc}", pytrace=False)
             self._request.config.stash[_WRITTEN].append(path)
             return None
         result = check(

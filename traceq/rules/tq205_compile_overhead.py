@@ -53,14 +53,20 @@ def compile_overhead(ctx: Context) -> Iterator[Finding]:
       **recompilation**.
     - **per-call overhead** in steady state: `TorchDynamo Cache Lookup` (guard evaluation)
       plus the compiled region's wrapper (its time outside the `## Call CompiledFxGraph`
-      range: pregraph bytecode, AOTDispatcher prologue/epilogue), reported when a step runs
-      two or more compiled regions (graph breaks) and they cost at least `min_share` of it.
+      range: pregraph bytecode, AOTDispatcher prologue/epilogue), reported when each
+      iteration runs two or more compiled regions (graph breaks) and they cost at least
+      `min_share` of the step. Regions are counted by frame id (`Torch-Compiled Region:
+      F/C`): the same frame id again is the next iteration (a trace without
+      `ProfilerStep`s is one window of many iterations) or another call of the same
+      region, not a graph break.
 
     Savings model: compilation inside a step is all saved in steady state (warm caches, no
-    recompiles), so the saving is its measured time. For per-call overhead with `k` compiled
-    regions in the step (graph breaks split it), merging them into one saves `(k − 1) / k`
-    of it. One region per step is not reported: its fixed cost is not avoidable by merging
-    (only a C++ wrapper or an AOTInductor export trims it).
+    recompiles), so the saving is its measured time. For per-call overhead with `k`
+    distinct compiled regions per iteration (graph breaks split it), merging them into one
+    saves `(k − 1) / k` of it, taken on the typical call (median overhead × calls) so one
+    call stretched by the OS or the profiler's start-up does not set the estimate. One
+    region per iteration is not reported: its fixed cost is not avoidable by merging (only
+    a C++ wrapper or an AOTInductor export trims it).
 
     ## Why is this bad?
     A cold compile takes seconds to minutes; inside a profiled step it dwarfs everything
@@ -176,39 +182,56 @@ def _per_call(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
     if regions.height == 0 and lookups.height == 0:
         return
     wrapper = _wrapper_ns(ctx, ops, regions)
-    per_step = (
-        pl.concat(
-            [
-                wrapper.select("step", "event", "overhead_ns", pl.lit(1).alias("is_region")),
-                lookups.select(
-                    "step",
-                    pl.col("event").cast(pl.Int64),
-                    pl.col("dur_ns").alias("overhead_ns"),
-                    pl.lit(1).alias("is_region").mul(0),
-                ),
-            ]
-        )
-        .group_by("step")
+    # Each region run pays the cache lookup just before it: both are the call's overhead.
+    calls = pl.concat(
+        [
+            wrapper.select("step", "event", "frame", "overhead_ns"),
+            lookups.select(
+                "step",
+                pl.col("event").cast(pl.Int64),
+                pl.lit(None, pl.Int64).alias("frame"),
+                pl.col("dur_ns").alias("overhead_ns"),
+            ),
+        ]
+    )
+    # The typical call, not the sum of its occurrences: on a CPU trace one call stretched
+    # by the OS (or the profiler's first call) would become the estimate. Taken per frame
+    # (lookups on their own), since frames differ in cost.
+    per_frame = (
+        calls.with_columns(pl.col("frame").fill_null(-1))
+        .group_by("step", "frame")
         .agg(
             pl.col("overhead_ns").sum(),
-            pl.col("is_region").sum().alias("regions"),
+            (pl.col("overhead_ns").median() * pl.len()).alias("typical_ns"),
+            pl.len().alias("runs"),
             pl.col("event"),
         )
+    )
+    is_region = pl.col("frame") >= 0
+    per_step = per_frame.group_by("step").agg(
+        pl.col("overhead_ns").sum(),
+        pl.col("typical_ns").sum(),
+        # Distinct frames, not region runs: a frame id that repeats is the next iteration
+        # (or a second call) of the same region, not a graph break.
+        is_region.sum().alias("regions"),
+        pl.col("runs").filter(is_region).sum(),
+        pl.col("event").list.explode(keep_nulls=False, empty_as_null=False).sort(),
     )
     steps = step_windows(ctx.trace).rename({"window_ns": "step_ns"})
     rows = per_step.join(steps, on="step", how="inner", nulls_equal=True).sort("step")
     for row in rows.iter_rows(named=True):
         share = row["overhead_ns"] / row["step_ns"] if row["step_ns"] else 0.0
         if share < ctx.options["min_share"] or row["regions"] < 2:
-            continue  # one region per step: its fixed cost is not avoidable by merging
+            continue  # one region per iteration: its fixed cost is not avoidable by merging
         cost = row["overhead_ns"] / US
-        k = max(1, row["regions"])
-        saving = cost * (k - 1) / k
+        typical = min(cost, row["typical_ns"] / US)
+        k = row["regions"]
+        saving = typical * (k - 1) / k
         yield ctx.finding(
             severity="info",
             message=(
-                f"torch.compile per-call overhead (guards + wrapper of {k} compiled "
-                f"region{'s' if k > 1 else ''}) is {share:.0%} of {step_text(row['step'])} "
+                f"torch.compile per-call overhead (guards + wrapper of {k} compiled regions, "
+                f"{row['runs']} runs) is {share:.0%} of {step_text(row['step'])} "
                 f"({cost:,.1f} µs)"
             ),
             step=row["step"],
@@ -216,8 +239,8 @@ def _per_call(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
             time_us=cost,
             est_saving_us=saving,
             saving_model=(
-                f"{cost:,.1f} µs × ({k} − 1) / {k}: merging the step's compiled regions into one "
-                "pays guards and wrapper once"
+                f"{typical:,.1f} µs (median call × calls) × ({k} − 1) / {k}: merging the "
+                f"{k} compiled regions each iteration runs into one pays guards and wrapper once"
             ),
             fix=(
                 "Remove graph breaks so the step is one compiled region "
@@ -227,6 +250,7 @@ def _per_call(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
             evidence={
                 "kind": "per-call",
                 "regions": k,
+                "region_runs": row["runs"],
                 "share": share,
                 "op_names": ["Torch-Compiled Region"],
             },
@@ -234,43 +258,77 @@ def _per_call(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
 
 
 def _wrapper_ns(ctx: Context, ops: pl.DataFrame, regions: pl.DataFrame) -> pl.DataFrame:
-    """Per compiled region: its time outside the graph call (`## Call CompiledFxGraph`
-    annotation on the same thread), or, without that annotation, its wrapper markers."""
+    """Per compiled region: its own time outside the graph call (`## Call CompiledFxGraph`
+    annotation) and outside the regions nested in it with their cache lookups: after a
+    graph break the resume frame's region runs *inside* the region of the frame that broke,
+    and its graph is compute, its wrapper its own. Without the annotation: the region's
+    wrapper markers."""
+    schema = {"step": pl.Int64, "event": pl.Int64, "frame": pl.Int64, "overhead_ns": pl.Int64}
     if regions.height == 0:
-        return pl.DataFrame(schema={"step": pl.Int64, "event": pl.Int64, "overhead_ns": pl.Int64})
+        return pl.DataFrame(schema=schema)
+    columns = ["event", "pid", "tid", "ts_ns", "end_ns", "dur_ns"]
     calls = ctx.trace.annotations.filter(
         (pl.col("kind") == "cpu") & pl.col("name").str.contains(GRAPH_CALL)
-    ).select(
-        "pid", "tid", "ts_ns", pl.col("end_ns").alias("_call_end"), pl.col("dur_ns").alias("_call")
+    ).select(columns)
+    items = pl.concat(
+        [
+            frame.select(columns)
+            .cast({"event": pl.Int64})
+            .with_columns(pl.lit(kind).alias("_kind"))
+            for kind, frame in (
+                ("call", calls),
+                (
+                    "nested",
+                    ops.filter(pl.col("name").str.contains(REGION) | (pl.col("name") == LOOKUP)),
+                ),
+                ("marker", ops.filter(pl.col("name").is_in(WRAPPER_MARKERS))),
+            )
+        ]
     )
-    markers = ops.filter(pl.col("name").is_in(WRAPPER_MARKERS)).select(
-        "pid", "tid", "ts_ns", pl.col("dur_ns").alias("_marker")
+    spans = regions.select(
+        pl.col("event").cast(pl.Int64),
+        "step",
+        "pid",
+        "tid",
+        "ts_ns",
+        "end_ns",
+        "dur_ns",
+        pl.col("name").str.extract(REGION, 1).cast(pl.Int64).alias("frame"),
     )
-    spans = regions.select("event", "step", "pid", "tid", "ts_ns", "end_ns", "dur_ns")
-    inside_calls = _contained(spans, calls, "_call")
-    inside_markers = _contained(spans, markers, "_marker")
-    joined = spans.join(inside_calls, on="event", how="left").join(
-        inside_markers, on="event", how="left"
+    # Each item belongs to the innermost region holding it (the one that started last).
+    owned = (
+        items.join(
+            spans.select(
+                pl.col("event").alias("_region"),
+                "pid",
+                "tid",
+                pl.col("ts_ns").alias("_start"),
+                pl.col("end_ns").alias("_end"),
+            ),
+            on=["pid", "tid"],
+        )
+        .filter(
+            (pl.col("event") != pl.col("_region"))
+            & (pl.col("ts_ns") >= pl.col("_start"))
+            & (pl.col("end_ns") <= pl.col("_end"))
+        )
+        .sort("_start")
+        .group_by("event", maintain_order=True)
+        .last()
+        .group_by("_region")
+        .agg(
+            pl.col("dur_ns").filter(pl.col("_kind") == kind).sum().alias(f"_{kind}")
+            for kind in ("call", "nested", "marker")
+        )
     )
+    joined = spans.join(owned.rename({"_region": "event"}), on="event", how="left").fill_null(0)
     overhead = (
-        pl.when(pl.col("_call").fill_null(0) > 0)
-        .then(pl.col("dur_ns") - pl.col("_call"))
-        .otherwise(pl.col("_marker").fill_null(0))
+        pl.when(pl.col("_call") > 0)
+        .then(pl.col("dur_ns") - pl.col("_call") - pl.col("_nested"))
+        .otherwise(pl.col("_marker"))
+        .clip(0)
     )
-    return joined.select("step", pl.col("event").cast(pl.Int64), overhead.alias("overhead_ns"))
-
-
-def _contained(spans: pl.DataFrame, items: pl.DataFrame, value: str) -> pl.DataFrame:
-    """Sum of `value` over items starting inside each span on the same thread."""
-    if items.height == 0:
-        return pl.DataFrame(schema={"event": spans["event"].dtype, value: pl.Int64})
-    pairs = items.join(
-        spans.select("event", "pid", "tid", pl.col("ts_ns").alias("_s"), "end_ns"),
-        on=["pid", "tid"],
-        how="inner",
-    )
-    pairs = pairs.filter((pl.col("ts_ns") >= pl.col("_s")) & (pl.col("ts_ns") < pl.col("end_ns")))
-    return pairs.group_by("event").agg(pl.col(value).sum())
+    return joined.select("step", "event", "frame", overhead.alias("overhead_ns"))
 
 
 RULE = compile_overhead

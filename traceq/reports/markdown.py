@@ -20,7 +20,8 @@ def render(report: Report, *, max_groups: int | None = 30) -> str:
         return "\n".join([*lines, "No findings.", ""])
     lines += [
         f"**{summary['findings']} findings** in {summary['groups']} groups, estimated saving "
-        f"**{format_us(summary['est_saving_us'])}**.",
+        f"**{format_us(summary['est_saving_us'])}** (each µs counted once; the findings' own "
+        f"estimates sum to {format_us(summary['est_saving_us_sum'])}).",
         "",
         "| # | rule | severity | where | time | est. saving | message |",
         "|---:|---|---|---|---:|---:|---|",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from traceq import __version__
+from traceq.reports.savings import counted_savings
 from traceq.rules.finding import SEVERITIES, Finding, normalize_module
 
 if TYPE_CHECKING:
@@ -113,6 +114,14 @@ class Report:
     problems: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     version: str = __version__
+    # Per finding (aligned with `findings`): the µs of its estimate the total counts, each
+    # µs of the trace once (`traceq.reports.savings`). Empty: every estimate counts whole.
+    counted_us: list[float] = field(default_factory=list)
+
+    def counted(self) -> list[float]:
+        if len(self.counted_us) == len(self.findings):
+            return self.counted_us
+        return [f.est_saving_us for f in self.findings]
 
     def group(self, key: str) -> FindingGroup | None:
         return next((g for g in self.groups if g.key == key), None)
@@ -125,20 +134,32 @@ class Report:
         group.fix_check = result
 
     def summary(self) -> dict[str, Any]:
+        """Counts and totals. `est_saving_us` counts each µs of the trace once (a µs two
+        findings both save is counted for the first in attribution order); the findings'
+        own estimates summed are `est_saving_us_sum`. Per rule: both."""
         by_rule: dict[str, dict[str, Any]] = {}
-        for f in self.findings:
+        counted = self.counted()
+        for f, once in zip(self.findings, counted, strict=True):
             entry = by_rule.setdefault(
                 f.rule,
-                {"name": f.name, "count": 0, "time_us": 0.0, "est_saving_us": 0.0},
+                {
+                    "name": f.name,
+                    "count": 0,
+                    "time_us": 0.0,
+                    "est_saving_us": 0.0,
+                    "counted_saving_us": 0.0,
+                },
             )
             entry["count"] += 1
             entry["time_us"] += f.time_us
             entry["est_saving_us"] += f.est_saving_us
+            entry["counted_saving_us"] += once
         by_severity = {s: sum(1 for f in self.findings if f.severity == s) for s in SEVERITIES}
         return {
             "findings": len(self.findings),
             "groups": len(self.groups),
-            "est_saving_us": sum(f.est_saving_us for f in self.findings),
+            "est_saving_us": sum(counted),
+            "est_saving_us_sum": sum(f.est_saving_us for f in self.findings),
             "by_rule": dict(sorted(by_rule.items())),
             "by_severity": by_severity,
             "rules_run": [r.code for r in self.rules],
@@ -152,7 +173,10 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: every occurrence, the groups, and the summary."""
         index = {id(f): g.key for g in self.groups for f in g.findings}
-        findings = [{**f.to_dict(), "key": index[id(f)]} for f in self.findings]
+        findings = [
+            {**f.to_dict(), "key": index[id(f)], "counted_saving_us": once}
+            for f, once in zip(self.findings, self.counted(), strict=True)
+        ]
         return {
             "findings": findings,
             "groups": [g.to_dict() for g in self.groups],
@@ -192,6 +216,7 @@ def build_report(analysis: Analysis, trace: Trace) -> Report:
         rules=analysis.rules,
         problems=[str(p) for p in analysis.problems],
         timings_s={k: round(v, 4) for k, v in analysis.timings_s.items()},
+        counted_us=counted_savings(analysis.findings, trace),
     )
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import US, step_text, step_windows
+from traceq.rules.common import US, step_text
 from traceq.rules.finding import Finding
+
+if TYPE_CHECKING:
+    from traceq.trace import Trace
 
 # Ops that only make a new tensor header (shape, strides, aliasing) or allocate: they launch
 # no kernel and touch no data unless they fall back to a copy (then a child op shows it).
@@ -68,9 +72,13 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
     measured as one window, from the first op to the last.
 
     Savings model: on a CPU-only trace, the CPU *is* the timeline, so all of that time is
-    the saving. On a GPU trace the CPU overhead only costs time while the GPU waits: the
-    saving is that time × the GPU's idle share of the step (`1 − busy / step`), so a
-    GPU-bound step shows little.
+    the saving, each op counted at its name's median duration in the trace (at most its
+    own), so one op stretched by the OS scheduler does not become the estimate; the step
+    is reported only when that typical time also meets `min_share` and `min_us`. On a GPU
+    trace the CPU overhead only costs time while the GPU waits: the saving is that time ×
+    the GPU's idle share of the step (`1 − busy / step`), so a GPU-bound step shows
+    little. That idle time is also what TQ201 saves in a launch-bound stretch: a report's
+    total counts it once (`traceq.reports.savings`).
 
     ## Why is this bad?
     Each eager op goes through Python, the dispatcher and autograd bookkeeping: a few µs
@@ -102,11 +110,20 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
     pure = _pure_outermost(ops, busy)
     if pure.height == 0:
         return
-    windows = step_windows(ctx.trace)
-    per_step = pure.group_by("step").agg(
-        pl.col("dur_ns").sum().alias("overhead_ns"),
-        pl.len().alias("n"),
-        pl.col("event"),
+    windows = _step_bounds(ctx.trace)
+    gpu = _gpu_busy_by_step(ctx)
+    # On a CPU-only trace each op is counted at its name's median duration: one `aten::t`
+    # stretched 30x by the OS scheduler (or the profiler's first call) is not dispatch cost.
+    typical = pl.col("dur_ns").median().over("name") if gpu is None else pl.col("dur_ns")
+    per_step = (
+        pure.with_columns(pl.min_horizontal(typical, pl.col("dur_ns")).alias("_typical"))
+        .group_by("step")
+        .agg(
+            pl.col("dur_ns").sum().alias("overhead_ns"),
+            pl.col("_typical").sum().alias("typical_ns"),
+            pl.len().alias("n"),
+            pl.col("event"),
+        )
     )
     top = (
         pure.group_by("step", "name")
@@ -115,7 +132,6 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
         .group_by("step", maintain_order=True)
         .head(ctx.options["top"])
     )
-    gpu = _gpu_busy_by_step(ctx)
     rows = per_step.join(windows, on="step", how="inner", nulls_equal=True).sort(
         "step", nulls_last=True
     )
@@ -125,15 +141,27 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
             continue
         share = row["overhead_ns"] / span
         overhead_us = row["overhead_ns"] / US
-        if share < ctx.options["min_share"] or overhead_us < ctx.options["min_us"]:
+        typical_us = row["typical_ns"] / US
+        if (
+            min(share, row["typical_ns"] / span) < ctx.options["min_share"]
+            or typical_us < ctx.options["min_us"]
+        ):
             continue
         names = top.filter(pl.col("step").eq_missing(row["step"]))
+        saves_from: dict = {}
         if gpu is None:
-            factor, model = 1.0, "CPU-only trace: all of it is on the timeline"
+            factor = 1.0
+            model = (
+                f"(each op at its name's median, {typical_us:,.1f} µs) CPU-only trace: all of "
+                "it is on the timeline"
+            )
         else:
             busy = gpu.get(row["step"], 0)
             factor = max(0.0, 1.0 - busy / span)
             model = f"× GPU idle share {factor:.0%} of the step (busy {busy / US:,.1f} µs)"
+            # On a GPU trace the saving is GPU idle time in the step (a report's total
+            # counts it once, with TQ201's launch-bound gaps).
+            saves_from = {"saves_from": "gpu_idle", "window_ns": [row["ts_ns"], row["end_ns"]]}
         where = step_text(row["step"])
         summary = ", ".join(f"{n} ×{c}" for n, c, _ in names.select("name", "count", "ns").rows())
         yield ctx.finding(
@@ -144,7 +172,7 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
             step=row["step"],
             ops=row["event"],
             time_us=overhead_us,
-            est_saving_us=overhead_us * factor,
+            est_saving_us=typical_us * factor,
             saving_model=f"{overhead_us:,.1f} µs of no-work ops {model}",
             fix=(
                 "Compile the step (torch.compile) so views are traced away, or merge the "
@@ -159,6 +187,8 @@ def dispatch_overhead(ctx: Context) -> Iterator[Finding]:
                     {"name": n, "count": c, "us": ns / US}
                     for n, c, ns in names.select("name", "count", "ns").rows()
                 ],
+                "typical_us": typical_us,
+                **saves_from,
             },
         )
 
@@ -191,6 +221,19 @@ def _pure_outermost(ops: pl.DataFrame, busy: pl.Series) -> pl.DataFrame:
     pure = ops.filter(is_meta).join(impure, on="event", how="anti")
     pure_ids = pure.select(pl.col("event").alias("parent"))
     return pure.join(pure_ids, on="parent", how="anti")
+
+
+def _step_bounds(trace: Trace) -> pl.DataFrame:
+    """`step`, `ts_ns`, `end_ns`, `window_ns` of each profiler step; a trace without steps
+    is one window (step null) from its first op to its last."""
+    if trace.steps.height:
+        return trace.steps.select("step", "ts_ns", "end_ns", pl.col("dur_ns").alias("window_ns"))
+    return trace.ops.select(
+        pl.lit(None, pl.Int64).alias("step"),
+        pl.col("ts_ns").min(),
+        pl.col("end_ns").max(),
+        (pl.col("end_ns").max() - pl.col("ts_ns").min()).alias("window_ns"),
+    )
 
 
 def _gpu_busy_by_step(ctx: Context) -> dict[int | None, int] | None:

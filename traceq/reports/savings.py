@@ -1,0 +1,157 @@
+"""Each µs saved once: a report's total counts the time findings save from, not their sum.
+
+Two rules can name the same time. TQ201 (launch-bound) and TQ204 (dispatch overhead) both
+save the GPU's idle gaps in a step; TQ104 (pointwise chain) and TQ203 (memcpy) can both
+list one copy; TQ102 and TQ105 can share a GEMM. Summing their estimates counts those µs
+twice, and a total could exceed the trace it came from.
+
+What a finding saves from is a set of intervals on the trace's clock:
+
+- `evidence["saves_from"] == "gpu_idle"`: the GPU's idle time inside
+  `evidence["window_ns"]` ([start, end]), when none of the device's kernels, copies or
+  memsets run (on `evidence["device"]` when given, else on every device);
+- otherwise the time of its kernels, or of its ops when it names no kernels.
+
+Attribution order: findings that save from their own kernels or ops come first (the most
+specific fix), then the GPU-idle ones from the narrowest window to the widest (TQ201's
+launch-bound region before TQ204's whole step); ties go to the larger estimate. Each
+finding counts its estimate × the share of its intervals no earlier finding claimed (at
+most that unclaimed time itself), then claims them. So the counted total never exceeds the
+union of all claimed intervals, which lies inside the trace. A finding that names no
+events (a plugin's) counts its estimate, up to the trace time not yet claimed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+
+if TYPE_CHECKING:
+    from traceq.rules.finding import Finding
+    from traceq.trace import Trace
+
+Intervals = tuple[np.ndarray, np.ndarray]  # disjoint, sorted: starts, ends (ns)
+EMPTY: Intervals = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def counted_savings(findings: list[Finding], trace: Trace) -> list[float]:
+    """Per finding (in the given order), the µs of its estimate the report's total counts."""
+    if not findings:
+        return []
+    clock = _Clock(trace)
+    claims = [clock.claim(f) for f in findings]
+    order = sorted(
+        range(len(findings)),
+        key=lambda i: (claims[i][0], claims[i][1], -findings[i].est_saving_us, i),
+    )
+    counted = [0.0] * len(findings)
+    claimed = EMPTY
+    for i in order:
+        estimate = max(0.0, findings[i].est_saving_us)
+        intervals = claims[i][2]
+        if intervals is None:  # names no events: bounded by the trace time still free
+            free_us = max(0.0, clock.duration_ns - _length(claimed)) / 1000
+            counted[i] = min(estimate, free_us)
+            continue
+        total = _length(intervals)
+        if total <= 0:
+            continue
+        free = total - _overlap(intervals, claimed)
+        counted[i] = min(estimate * free / total, free / 1000)
+        claimed = _merge(
+            np.concatenate([claimed[0], intervals[0]]), np.concatenate([claimed[1], intervals[1]])
+        )
+    return counted
+
+
+class _Clock:
+    """Event times and GPU busy intervals of one trace, looked up by the claims."""
+
+    def __init__(self, trace: Trace) -> None:
+        events = trace.events.select("event", "ts_ns", "dur_ns").drop_nulls("ts_ns")
+        size = int(events["event"].max() or 0) + 1 if events.height else 0
+        self.start = np.zeros(size, np.int64)
+        self.end = np.zeros(size, np.int64)
+        ids = events["event"].to_numpy().astype(np.int64)
+        self.start[ids] = events["ts_ns"].to_numpy()
+        self.end[ids] = self.start[ids] + events["dur_ns"].fill_null(0).to_numpy()
+        self.known = np.zeros(size, bool)
+        self.known[ids] = True
+        self.duration_ns = int(trace.duration_ns or 0)
+        self._kernels = trace.kernels.select("device", "ts_ns", "end_ns").drop_nulls(
+            ["ts_ns", "end_ns"]
+        )
+        self._busy: dict[object, Intervals] = {}
+
+    def claim(self, finding: Finding) -> tuple[int, int, Intervals | None]:
+        """(order class, window width, intervals) of what `finding` saves from."""
+        evidence = finding.evidence or {}
+        window = evidence.get("window_ns")
+        if evidence.get("saves_from") == "gpu_idle" and window:
+            start, end = int(window[0]), int(window[1])
+            return 1, end - start, self.idle(start, end, evidence.get("device"))
+        ids = np.asarray(finding.kernels or finding.ops, dtype=np.int64)
+        ids = ids[(ids >= 0) & (ids < len(self.known))]
+        ids = ids[self.known[ids]]
+        if ids.size == 0:
+            return 0, 0, None
+        return 0, 0, _merge(self.start[ids], self.end[ids])
+
+    def busy(self, device: object) -> Intervals:
+        if device not in self._busy:
+            kernels = self._kernels
+            if device is not None:
+                kernels = kernels.filter(pl.col("device") == device)
+            self._busy[device] = _merge(
+                kernels["ts_ns"].to_numpy().astype(np.int64),
+                kernels["end_ns"].to_numpy().astype(np.int64),
+            )
+        return self._busy[device]
+
+    def idle(self, start: int, end: int, device: object) -> Intervals:
+        """[start, end] less the device's busy intervals."""
+        starts, ends = self.busy(device)
+        inside = (ends > start) & (starts < end)
+        s, e = np.clip(starts[inside], start, end), np.clip(ends[inside], start, end)
+        gap_starts = np.concatenate([[start], e])
+        gap_ends = np.concatenate([s, [end]])
+        keep = gap_ends > gap_starts
+        return gap_starts[keep].astype(np.int64), gap_ends[keep].astype(np.int64)
+
+
+def _merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """The union of intervals as disjoint, sorted ones (empty ones dropped)."""
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    breaks = np.flatnonzero(starts[1:] > reach[:-1]) + 1
+    first = np.concatenate([[0], breaks])
+    last = np.concatenate([breaks - 1, [starts.size - 1]])
+    return starts[first], reach[last]
+
+
+def _length(intervals: Intervals) -> int:
+    return int((intervals[1] - intervals[0]).sum())
+
+
+def _overlap(a: Intervals, b: Intervals) -> int:
+    """Length of a ∩ b, both disjoint and sorted: the covered-up-to-t function of b,
+    taken at a's ends minus at its starts."""
+    if a[0].size == 0 or b[0].size == 0:
+        return 0
+    lengths = b[1] - b[0]
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(b[0], t, side="right") - 1
+        j = np.clip(i, 0, None)
+        inside = np.clip(t - b[0][j], 0, lengths[j])
+        return np.where(i >= 0, before[j] + inside, 0)
+
+    return int((covered(a[1]) - covered(a[0])).sum())

@@ -107,14 +107,7 @@ def _compilations(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
     compile_ops = ops.filter(pl.col("name").str.contains(COMPILE))
     if compile_ops.height == 0:
         return
-    # Outermost by time on each thread: other ranges (PythonDispatchMode, ...) sit between
-    # compile phases in the op tree, so parent links alone would split one compile.
-    outermost = (
-        compile_ops.sort("pid", "tid", "ts_ns")
-        .with_columns(pl.col("end_ns").cum_max().shift(1).over("pid", "tid").alias("_reach"))
-        .filter(pl.col("_reach").is_null() | (pl.col("ts_ns") >= pl.col("_reach")))
-        .sort("ts_ns")
-    )
+    outermost = _outermost_compiles(compile_ops)
     regions = ops.filter(pl.col("name").str.contains(REGION)).sort("ts_ns")
     for row in outermost.iter_rows(named=True):
         cost = row["dur_ns"] / US
@@ -149,6 +142,19 @@ def _compilations(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
                 "op_names": [row["name"]],
             },
         )
+
+
+def _outermost_compiles(compile_ops: pl.DataFrame) -> pl.DataFrame:
+    """Compile ranges not inside another, by time on each thread: other ranges
+    (PythonDispatchMode, ...) sit between compile phases in the op tree, so parent links
+    alone would split one compile."""
+    return (
+        compile_ops.sort("pid", "tid", "ts_ns")
+        .with_columns(pl.col("end_ns").cum_max().shift(1).over("pid", "tid").alias("_reach"))
+        .filter(pl.col("_reach").is_null() | (pl.col("ts_ns") >= pl.col("_reach")))
+        .drop("_reach")
+        .sort("ts_ns")
+    )
 
 
 def _produced_recompile(regions: pl.DataFrame, compile_row: dict) -> bool:
@@ -261,8 +267,9 @@ def _wrapper_ns(ctx: Context, ops: pl.DataFrame, regions: pl.DataFrame) -> pl.Da
     """Per compiled region: its own time outside the graph call (`## Call CompiledFxGraph`
     annotation) and outside the regions nested in it with their cache lookups: after a
     graph break the resume frame's region runs *inside* the region of the frame that broke,
-    and its graph is compute, its wrapper its own. Without the annotation: the region's
-    wrapper markers."""
+    and its graph is compute, its wrapper its own (a compile of the resume frame, there
+    too, is TQ205's compilation finding). Without the annotation: the region's wrapper
+    markers."""
     schema = {"step": pl.Int64, "event": pl.Int64, "frame": pl.Int64, "overhead_ns": pl.Int64}
     if regions.height == 0:
         return pl.DataFrame(schema=schema)
@@ -281,6 +288,8 @@ def _wrapper_ns(ctx: Context, ops: pl.DataFrame, regions: pl.DataFrame) -> pl.Da
                     "nested",
                     ops.filter(pl.col("name").str.contains(REGION) | (pl.col("name") == LOOKUP)),
                 ),
+                # A recompile of the resume frame runs inside the region that broke.
+                ("nested", _outermost_compiles(ops.filter(pl.col("name").str.contains(COMPILE)))),
                 ("marker", ops.filter(pl.col("name").is_in(WRAPPER_MARKERS))),
             )
         ]

@@ -84,7 +84,16 @@ def test_json_lists_every_occurrence_with_its_group_key(report: Report) -> None:
         assert Finding.from_dict(item).key() == item["key"]
     summary = data["summary"]
     assert summary["findings"] == len(report.findings)
-    assert summary["est_saving_us"] == pytest.approx(sum(f.est_saving_us for f in report.findings))
+    assert summary["est_saving_us_sum"] == pytest.approx(
+        sum(f.est_saving_us for f in report.findings)
+    )
+    # each µs once: never more than the findings' own estimates, per finding and in all
+    assert summary["est_saving_us"] <= summary["est_saving_us_sum"] + 1e-6
+    assert summary["est_saving_us"] == pytest.approx(
+        sum(f["counted_saving_us"] for f in data["findings"])
+    )
+    for item in data["findings"]:
+        assert 0 <= item["counted_saving_us"] <= item["est_saving_us"] + 1e-6
     for code, entry in summary["by_rule"].items():
         assert entry["count"] == sum(1 for f in report.findings if f.rule == code)
     assert summary["trace"]["events"] == report.trace["events"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -224,8 +225,12 @@ def test_tq203_is_silent_when_copies_are_pinned(load_shared) -> None:
 
 
 def _pure_metadata_ns(raw: Raw, start: int, end: int) -> int:
-    """Outermost metadata ops in [start, end) with no other op nested inside them, summed
-    from raw intervals on each thread (the reference for TQ204)."""
+    return sum(raw.dur(i) for i in _pure_metadata_ops(raw, start, end))
+
+
+def _pure_metadata_ops(raw: Raw, start: int, end: int) -> list[int]:
+    """Outermost metadata ops in [start, end) with no other op nested inside them, from raw
+    intervals on each thread (the reference for TQ204)."""
     ops = [i for i in raw.where(lambda e: e.get("cat") == "cpu_op") if start <= raw.start(i) < end]
 
     def inside(child: int, parent: int) -> bool:
@@ -241,8 +246,7 @@ def _pure_metadata_ns(raw: Raw, start: int, end: int) -> int:
         return raw.events[i]["name"] in METADATA_OPS
 
     pure = [i for i in ops if is_meta(i) and not any(inside(j, i) and not is_meta(j) for j in ops)]
-    outer = [i for i in pure if not any(inside(i, j) for j in pure)]
-    return sum(raw.dur(i) for i in outer)
+    return [i for i in pure if not any(inside(i, j) for j in pure)]
 
 
 def test_tq204_measures_no_work_ops_as_a_share_of_the_step(read_json) -> None:
@@ -251,17 +255,30 @@ def test_tq204_measures_no_work_ops_as_a_share_of_the_step(read_json) -> None:
     raw = Raw(read_json(path, parse_float=Decimal))
     findings = analyze(trace, select="TQ204")
     assert findings
+    # CPU-only: the whole overhead is on the timeline, each op at its name's median
+    everywhere = _pure_metadata_ops(raw, 0, 2**63)
+    names = {raw.events[i]["name"] for i in everywhere}
+    median = {
+        n: statistics.median(raw.dur(i) for i in everywhere if raw.events[i]["name"] == n)
+        for n in names
+    }
+
+    def typical_ns(step: dict) -> float:
+        ops = _pure_metadata_ops(raw, step["ts_ns"], step["end_ns"])
+        return sum(min(raw.dur(i), median[raw.events[i]["name"]]) for i in ops)
+
     for finding in findings:
         step = trace.steps.filter(trace.steps["step"] == finding.step).row(0, named=True)
         expected = _pure_metadata_ns(raw, step["ts_ns"], step["end_ns"])
         assert finding.time_us == pytest.approx(expected / 1000)
         assert finding.evidence["share"] == pytest.approx(expected / step["dur_ns"])
-        # CPU-only: the whole overhead is on the timeline
-        assert finding.est_saving_us == pytest.approx(finding.time_us)
-    # steps below the share threshold are not reported
+        assert finding.est_saving_us == pytest.approx(typical_ns(step) / 1000)
+    # steps below the share threshold, measured or typical, are not reported
     for step in trace.steps.iter_rows(named=True):
         share = _pure_metadata_ns(raw, step["ts_ns"], step["end_ns"]) / step["dur_ns"]
-        assert (share >= 0.1) == any(f.step == step["step"] for f in findings)
+        typical = typical_ns(step)
+        reported = share >= 0.1 and typical / step["dur_ns"] >= 0.1 and typical >= 20_000
+        assert reported == any(f.step == step["step"] for f in findings)
 
 
 def test_tq204_is_silent_when_compiled_away() -> None:
@@ -471,22 +488,18 @@ def test_tq301_is_silent_for_a_bf16_model(load_shared) -> None:
 # -- TQ302 low-occupancy ------------------------------------------------------------------
 
 
-def test_tq302_flags_a_heavy_kernel_on_a_small_grid(load_shared, raw_of) -> None:
+def test_tq302_leaves_resnets_add_kernel_alone(load_shared, raw_of) -> None:
+    """Its median launch has 4 blocks on 80 SMs, but those launches are 1-block scalar
+    updates of about 1 µs: the kernel's time is in launches of 25k-100k blocks. Grouped by
+    name with the median grid this was once a "95% saving" (see test_rules_trust.py for
+    the partial-wave model on kernels that do run small grids)."""
     trace = load_shared(RESNET)
     raw = raw_of(RESNET)
-    (finding,) = analyze(trace, select="TQ302")
-    name = finding.evidence["kernel"]
     kernels = raw.where(lambda e: str(e.get("cat", "")).lower() == "kernel")
-    launches = [k for k in kernels if raw.events[k]["name"] == name]
-    time = sum(raw.dur(k) for k in launches)
-    total = sum(raw.dur(k) for k in kernels)
-    blocks = sorted(math.prod(raw.events[k]["args"]["grid"]) for k in launches)
-    median_blocks = (blocks[(len(blocks) - 1) // 2] + blocks[len(blocks) // 2]) / 2
-    sms = trace.device_properties[0]["numSms"]
-    assert finding.time_us == pytest.approx(time / 1000)
-    assert finding.evidence["share"] == pytest.approx(time / total)
-    assert median_blocks <= sms / 2
-    assert finding.est_saving_us == pytest.approx(time / 1000 * (1 - median_blocks / sms))
+    adds = [k for k in kernels if "AddFunctor<float>" in raw.events[k]["name"]]
+    small = [k for k in adds if math.prod(raw.events[k]["args"]["grid"]) <= 40]
+    assert sum(raw.dur(k) for k in small) < 0.1 * sum(raw.dur(k) for k in adds)
+    assert analyze(trace, select="TQ302") == []
 
 
 def test_tq302_leaves_tuned_library_gemms_alone(load_shared) -> None:

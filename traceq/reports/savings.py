@@ -10,14 +10,17 @@ What a finding saves from is a set of intervals on the trace's clock:
 - `evidence["saves_from"] == "gpu_idle"`: the GPU's idle time inside
   `evidence["window_ns"]` ([start, end]), when none of the device's kernels, copies or
   memsets run (on `evidence["device"]` when given, else on every device);
-- otherwise the time of its kernels, or of its ops when it names no kernels.
+- otherwise the time of its kernels, or of its ops when it names no kernels (on a GPU
+  trace a finding saves GPU time; its ops' CPU time runs while the GPU does other work,
+  or idles, which is the GPU-idle findings' to count).
 
 Attribution order: findings that save from their own kernels or ops come first (the most
 specific fix), then the GPU-idle ones from the narrowest window to the widest (TQ201's
 launch-bound region before TQ204's whole step); ties go to the larger estimate. Each
-finding counts its estimate × the share of its intervals no earlier finding claimed (at
-most that unclaimed time itself), then claims them. So the counted total never exceeds the
-union of all claimed intervals, which lies inside the trace. A finding that names no
+finding counts its estimate, at most the time of its intervals that no earlier finding
+claimed, and claims that much of it, spread evenly over those free intervals (where in
+its kernels a fusion saves its 5 µs the trace cannot say). So the counted total never
+exceeds the union of the intervals, which lies inside the trace. A finding that names no
 events (a plugin's) counts its estimate, up to the trace time not yet claimed.
 """
 
@@ -55,13 +58,16 @@ def counted_savings(findings: list[Finding], trace: Trace) -> list[float]:
             free_us = max(0.0, clock.duration_ns - _length(claimed)) / 1000
             counted[i] = min(estimate, free_us)
             continue
-        total = _length(intervals)
-        if total <= 0:
+        free = _difference(intervals, claimed)
+        free_ns = _length(free)
+        if free_ns <= 0:
             continue
-        free = total - _overlap(intervals, claimed)
-        counted[i] = min(estimate * free / total, free / 1000)
+        counted[i] = min(estimate, free_ns / 1000)
+        # Claim as much as was counted, spread evenly over the free time.
+        share = counted[i] * 1000 / free_ns
+        taken = (free[0], free[0] + np.ceil((free[1] - free[0]) * share).astype(np.int64))
         claimed = _merge(
-            np.concatenate([claimed[0], intervals[0]]), np.concatenate([claimed[1], intervals[1]])
+            np.concatenate([claimed[0], taken[0]]), np.concatenate([claimed[1], taken[1]])
         )
     return counted
 
@@ -140,18 +146,19 @@ def _length(intervals: Intervals) -> int:
     return int((intervals[1] - intervals[0]).sum())
 
 
-def _overlap(a: Intervals, b: Intervals) -> int:
-    """Length of a ∩ b, both disjoint and sorted: the covered-up-to-t function of b,
-    taken at a's ends minus at its starts."""
+def _difference(a: Intervals, b: Intervals) -> Intervals:
+    """a less b, both disjoint and sorted: the elementary segments between all their
+    endpoints that lie in a and not in b."""
     if a[0].size == 0 or b[0].size == 0:
-        return 0
-    lengths = b[1] - b[0]
-    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        return a
+    cuts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
+    starts, ends = cuts[:-1], cuts[1:]
+    keep = _inside(starts, a) & ~_inside(starts, b)
+    return _merge(starts[keep], ends[keep])
 
-    def covered(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(b[0], t, side="right") - 1
-        j = np.clip(i, 0, None)
-        inside = np.clip(t - b[0][j], 0, lengths[j])
-        return np.where(i >= 0, before[j] + inside, 0)
 
-    return int((covered(a[1]) - covered(a[0])).sum())
+def _inside(points: np.ndarray, intervals: Intervals) -> np.ndarray:
+    """Whether each point lies in one of the (half-open) intervals."""
+    i = np.searchsorted(intervals[0], points, side="right") - 1
+    j = np.clip(i, 0, None)
+    return (i >= 0) & (points < intervals[1][j])

@@ -32,6 +32,10 @@ class Finding:
     and `kernel_names` (filled in by the engine, aligned with `ops` / `kernels`, when a rule
     leaves them out; a rule over a large region may give the distinct names instead),
     decoded kernel names under `decoded`, and any measured numbers the savings model used.
+    A finding whose saving is GPU idle time in a window rather than the time of its own
+    kernels (TQ201, TQ204 on GPU traces) says so with `saves_from: "gpu_idle"` and
+    `window_ns: [start, end]`, so a report's total counts each µs once
+    (`traceq.reports.savings`).
     """
 
     rule: str

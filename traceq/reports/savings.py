@@ -66,9 +66,7 @@ def counted_savings(findings: list[Finding], trace: Trace) -> list[float]:
         # Claim as much as was counted, spread evenly over the free time.
         share = counted[i] * 1000 / free_ns
         taken = (free[0], free[0] + np.ceil((free[1] - free[0]) * share).astype(np.int64))
-        claimed = _merge(
-            np.concatenate([claimed[0], taken[0]]), np.concatenate([claimed[1], taken[1]])
-        )
+        claimed = _insert(claimed, taken)
     return counted
 
 
@@ -146,10 +144,22 @@ def _length(intervals: Intervals) -> int:
     return int((intervals[1] - intervals[0]).sum())
 
 
+def _insert(b: Intervals, pieces: Intervals) -> Intervals:
+    """b with `pieces` (disjoint from b, sorted) added: still disjoint and sorted, without
+    re-sorting all of b."""
+    at = np.searchsorted(b[0], pieces[0])
+    return np.insert(b[0], at, pieces[0]), np.insert(b[1], at, pieces[1])
+
+
 def _difference(a: Intervals, b: Intervals) -> Intervals:
     """a less b, both disjoint and sorted: the elementary segments between all their
-    endpoints that lie in a and not in b."""
+    endpoints that lie in a and not in b (only b's intervals within a's hull matter)."""
     if a[0].size == 0 or b[0].size == 0:
+        return a
+    lo = np.searchsorted(b[1], a[0][0], side="right")
+    hi = np.searchsorted(b[0], a[1][-1], side="left")
+    b = (b[0][lo:hi], b[1][lo:hi])
+    if b[0].size == 0:
         return a
     cuts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
     starts, ends = cuts[:-1], cuts[1:]

@@ -24,7 +24,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import traceq
 from traceq.analyze import analysis, analyze
@@ -313,3 +316,32 @@ def test_dispatch_overhead_on_a_cpu_trace_is_not_set_by_one_slow_op(read_json) -
     step2 = next(f for f in everything if f.step == 2)
     assert step2.evidence["share"] >= 0.1  # measured, it would have been reported
     assert 2 not in {f.step for f in analyze(trace, select="TQ204")}
+
+
+interval_lists = st.lists(
+    st.tuples(st.integers(0, 200), st.integers(0, 40)).map(lambda p: (p[0], p[0] + p[1])),
+    max_size=12,
+)
+
+
+def as_ns_set(intervals: list[tuple[int, int]]) -> set[int]:
+    return {t for s, e in intervals for t in range(s, e)}
+
+
+@given(interval_lists, interval_lists)
+def test_interval_difference_and_insert_match_sets(a, b) -> None:
+    """The claim bookkeeping, against plain sets of nanoseconds."""
+    from traceq.reports.savings import _difference, _insert, _merge
+
+    def arrays(intervals):
+        return _merge(
+            np.array([s for s, _ in intervals], np.int64),
+            np.array([e for _, e in intervals], np.int64),
+        )
+
+    left, right = arrays(a), arrays(b)
+    free = _difference(left, right)
+    assert as_ns_set(list(zip(*free, strict=True))) == as_ns_set(a) - as_ns_set(b)
+    both = _insert(right, free)
+    assert np.all(both[0][1:] >= both[1][:-1])  # still disjoint and sorted
+    assert as_ns_set(list(zip(*both, strict=True))) == as_ns_set(a) | as_ns_set(b)

@@ -25,6 +25,7 @@ COMMANDS = {
     "explain": "traceq.cli.rules:explain",
     "critical-path": "traceq.cli.critical_path:critical_path",
     "annotate": "traceq.cli.annotate:annotate",
+    "report": "traceq.cli.report:report",
     "diff": "traceq.cli.diff:diff",
     "baseline": "traceq.cli.baseline:baseline",
     "check": "traceq.cli.check:check",

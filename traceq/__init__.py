@@ -25,13 +25,18 @@ __all__ = [
     "check",
     "diff",
     "load",
+    "report",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """`traceq.diff` / `traceq.check` without importing the regression stack at import."""
+    """`traceq.diff` / `traceq.check` / `traceq.report` without importing the regression stack at import."""
     if name in ("diff", "check", "save_baseline", "load_baseline"):
         import traceq.regression as regression
 
         return getattr(regression, name)
+    if name == "report":  # plotly is imported only when a report is rendered
+        from traceq.reports.html import report
+
+        return report
     raise AttributeError(f"module 'traceq' has no attribute {name!r}")

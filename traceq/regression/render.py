@@ -1,7 +1,9 @@
-"""Render a `Diff` or a `CheckResult` as terminal text (rich), JSON, or Markdown for a PR.
+"""Render a `Diff` or a `CheckResult` as terminal text (rich), JSON, Markdown for a PR, or
+one self-contained HTML page (`traceq.reports.html`: plotly inline, tables under charts).
 
-Text and Markdown are drawn from the same sections (a title, a header, rows of strings),
-so the two never disagree; JSON is the objects' `to_dict()`, with every number exact.
+Text, Markdown and HTML are drawn from the same sections (a title, a header, rows of
+strings), so they never disagree; HTML adds a chart of the changes. JSON is the objects'
+`to_dict()`, with every number exact.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
+
 from traceq.regression.check import CheckResult, Metric
 from traceq.regression.diff import Diff, basis_label
 from traceq.regression.dispatch import IMPL_SEP
 from traceq.regression.stats import Change
 
-FORMATS = ("text", "json", "markdown")
+FORMATS = ("text", "json", "markdown", "html")
 TOP = 25
 
 
@@ -33,12 +37,16 @@ class Section:
 def render_diff(diff: Diff, fmt: str = "text", top: int = TOP, width: int | None = None) -> str:
     if fmt == "json":
         return _json(diff.to_dict())
+    if fmt == "html":
+        return _html(f"traceq diff: {diff.new_source}", _diff_sections(diff, top), _diff_chart(diff, top))
     return _render(_diff_sections(diff, top), fmt, width)
 
 
 def render_check(result: CheckResult, fmt: str = "text", width: int | None = None) -> str:
     if fmt == "json":
         return _json(result.to_dict())
+    if fmt == "html":
+        return _html(f"traceq check: {result.new_source}", _check_sections(result), _check_chart(result))
     return _render(_check_sections(result), fmt, width)
 
 
@@ -326,6 +334,61 @@ def _markdown(sections: list[Section]) -> str:
                 out.append("| " + " | ".join(_md(cell) for cell in row) + " |")
             out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+Chart = tuple[str, Any] | None
+"""(the title of the section the chart goes over, a plotly figure), or no chart."""
+
+
+def _html(title: str, sections: list[Section], chart: Chart) -> str:
+    """The sections as one HTML page, the chart above the table of the section it shows."""
+    from traceq.reports.html import Figures, esc, page, table
+
+    figures = Figures()
+    parts = []
+    for i, section in enumerate(sections):
+        tag = "h1" if i == 0 else "h2"
+        parts.append(f"<section><{tag}>{esc(section.title)}</{tag}>")
+        parts += [f"<p>{esc(line)}</p>" for line in section.lines]
+        if chart is not None and section.title == chart[0]:
+            parts.append(figures.add(chart[1], section.title))
+        if section.header and section.rows:
+            parts.append(table(section.header, section.rows))
+        parts.append("</section>")
+    return page(title, "\n".join(parts), figures)
+
+
+def _check_chart(result: CheckResult) -> Chart:
+    """Each metric's relative change with its 95% interval, and the allowed regression."""
+    from traceq.reports import figures
+
+    metrics = [m for m in result.metrics if m.change.rel is not None]
+    if not metrics:
+        return None
+    color = {"regressed": "#d62728", "improved": "#2ca02c"}
+    return (
+        "Metrics",
+        figures.change_bars(
+            [_metric_label(m) for m in metrics],
+            [m.change.rel for m in metrics],  # type: ignore[misc]
+            [m.change.ci_low for m in metrics],
+            [m.change.ci_high for m in metrics],
+            [color.get(m.verdict, "#9d9da0") for m in metrics],
+            limit=result.max_regress,
+        ),
+    )
+
+
+def _diff_chart(diff: Diff, top: int) -> Chart:
+    """The groups that changed most (by impact): their time change per step, in ms."""
+    from traceq.reports import figures
+
+    changed = diff.groups.filter(pl.col("delta_ns") != 0).head(top)
+    if changed.height == 0:
+        return None
+    title = f"By {diff.by} (top {top} by impact of {diff.groups.height})"
+    labels = [f"{i}. {short_name(g, 60)}" for i, g in enumerate(changed["group"].to_list(), 1)]
+    return title, figures.delta_bars(labels, (changed["delta_ns"] / 1e6).to_list())
 
 
 def _md(text: str) -> str:

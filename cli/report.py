@@ -39,7 +39,10 @@ from traceq.rules.config import parse_options
     help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
 )
 def report(
-    trace: str, output: str, select: tuple[str, ...], ignore: tuple[str, ...],
+    trace: str,
+    output: str,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
     options: tuple[str, ...],
 ) -> None:
     """Write an HTML report of TRACE (a trace file, or a directory of rank traces)."""

@@ -30,7 +30,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """`traceq.diff` / `traceq.check` / `traceq.report` without importing the regression stack at import."""
+    """`traceq.diff` / `traceq.check` / `traceq.report` without importing the regression stack
+    (or plotly) at import."""
     if name in ("diff", "check", "save_baseline", "load_baseline"):
         import traceq.regression as regression
 

@@ -38,7 +38,9 @@ def render_diff(diff: Diff, fmt: str = "text", top: int = TOP, width: int | None
     if fmt == "json":
         return _json(diff.to_dict())
     if fmt == "html":
-        return _html(f"traceq diff: {diff.new_source}", _diff_sections(diff, top), _diff_chart(diff, top))
+        return _html(
+            f"traceq diff: {diff.new_source}", _diff_sections(diff, top), _diff_chart(diff, top)
+        )
     return _render(_diff_sections(diff, top), fmt, width)
 
 
@@ -46,7 +48,9 @@ def render_check(result: CheckResult, fmt: str = "text", width: int | None = Non
     if fmt == "json":
         return _json(result.to_dict())
     if fmt == "html":
-        return _html(f"traceq check: {result.new_source}", _check_sections(result), _check_chart(result))
+        return _html(
+            f"traceq check: {result.new_source}", _check_sections(result), _check_chart(result)
+        )
     return _render(_check_sections(result), fmt, width)
 
 

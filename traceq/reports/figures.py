@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from traceq.errors import TraceError
 
 if TYPE_CHECKING:
-    import numpy as np
     import polars as pl
 
 COLORS = {
@@ -61,8 +60,13 @@ def layout(height: int, **extra: Any) -> dict[str, Any]:
     return {**base, **extra}
 
 
-def savings_bars(labels: list[str], saving_us: list[float], severities: list[str],
-                 anchors: list[str], hover: list[str]) -> Any:
+def savings_bars(
+    labels: list[str],
+    saving_us: list[float],
+    severities: list[str],
+    anchors: list[str],
+    hover: list[str],
+) -> Any:
     """Estimated saving per finding group, largest on top; a click jumps to its section."""
     figure = go().Figure(
         go().Bar(
@@ -113,7 +117,7 @@ def step_bars(breakdown: pl.DataFrame, x: list[str], *, title: str = "step") -> 
     return figure
 
 
-def utilization_lines(starts_ms: np.ndarray, lanes: list[tuple[str, list[float]]]) -> Any:
+def utilization_lines(starts_ms: list[float], lanes: list[tuple[str, list[float]]]) -> Any:
     """Busy % per stream over time (one step-shaped line per stream)."""
     graph = go()
     figure = graph.Figure(
@@ -139,8 +143,14 @@ def utilization_lines(starts_ms: np.ndarray, lanes: list[tuple[str, list[float]]
     return figure
 
 
-def hbars(labels: list[str], values: list[float], unit: str, *, color: str = "#4c78a8",
-          hover: list[str] | None = None) -> Any:
+def hbars(
+    labels: list[str],
+    values: list[float],
+    unit: str,
+    *,
+    color: str = "#4c78a8",
+    hover: list[str] | None = None,
+) -> Any:
     """Horizontal bars, first label on top."""
     figure = go().Figure(
         go().Bar(
@@ -210,8 +220,14 @@ def lines(x: list[Any], series: dict[str, list[float]], xtitle: str, ytitle: str
     return figure
 
 
-def change_bars(labels: list[str], rel: list[float], low: list[float | None],
-                high: list[float | None], colors: list[str], limit: float | None = None) -> Any:
+def change_bars(
+    labels: list[str],
+    rel: list[float],
+    low: list[float | None],
+    high: list[float | None],
+    colors: list[str],
+    limit: float | None = None,
+) -> Any:
     """Relative change per metric or group (%), with its interval as error bars and the
     allowed regression as a dashed line."""
     plus = [None if h is None else 100 * (h - r) for r, h in zip(rel, high, strict=True)]

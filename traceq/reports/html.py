@@ -21,6 +21,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,18 +75,24 @@ class Figures:
         )
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, numeric: Sequence[int] = (),
-          raw: Sequence[int] = (), caption: str | None = None) -> str:
+def table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    numeric: Sequence[int] = (),
+    raw: Sequence[int] = (),
+    caption: str | None = None,
+) -> str:
     """An HTML table; columns in `numeric` align right, cells in `raw` columns are HTML."""
     head = "".join(
-        f'<th{" class=num" if i in numeric else ""}>{esc(h)}</th>' for i, h in enumerate(header)
+        f"<th{' class=num' if i in numeric else ''}>{esc(h)}</th>" for i, h in enumerate(header)
     )
     body = []
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
             text = str(cell) if i in raw else esc(cell)
-            cells.append(f'<td{" class=num" if i in numeric else ""}>{text}</td>')
+            cells.append(f"<td{' class=num' if i in numeric else ''}>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     return (
@@ -106,11 +113,11 @@ def page(title: str, body: str, figures: Figures) -> str:
         f'<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta name="color-scheme" content="light dark">'
-        f"<style>{STYLE}</style>"
+        f"<style>{_asset('report.css')}</style>"
         f"<script>{get_plotlyjs()}</script></head>\n<body>\n{body}\n"
         f"<footer>traceq {esc(__version__)} · generated "
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} · self-contained: no "
-        f"network needed</footer>\n{figures.scripts()}\n<script>{SCRIPT}</script>\n"
+        f"network needed</footer>\n{figures.scripts()}\n<script>{_asset('report.js')}</script>\n"
         "</body></html>\n"
     )
 
@@ -142,7 +149,9 @@ def report(
     try:
         out.write_text(text, encoding="utf-8")
     except OSError as error:
-        raise TraceFileError(f"cannot write the report to {out}: {error.strerror or error}") from error
+        raise TraceFileError(
+            f"cannot write the report to {out}: {error.strerror or error}"
+        ) from error
     return out
 
 
@@ -186,7 +195,6 @@ def _ranked(traces: list[Trace]) -> list[Rank]:
     return sorted(ranks, key=lambda r: r.rank)
 
 
-
 @dataclass
 class Rank:
     """One rank of a job: its number and its trace."""
@@ -201,8 +209,7 @@ def render_trace(trace: Trace, report: Report, *, ranks: Sequence[Rank] = ()) ->
     figures = Figures()
     facts = _facts(trace, report, len(ranks))
     parts = [
-        f"<header><h1>traceq report</h1><p class=source>{esc(report.source)}</p>"
-        f"{facts}</header>",
+        f"<header><h1>traceq report</h1><p class=source>{esc(report.source)}</p>{facts}</header>",
         _nav(bool(ranks)),
     ]
     if ranks:
@@ -224,9 +231,7 @@ def _facts(trace: Trace, report: Report, n_ranks: int) -> str:
     util = timeline.utilization(trace)
     device = trace.device_name(0) if trace.kernels.height else None
     if device is None:
-        device = (
-            "GPU (name not recorded)" if trace.kernels.height else "CPU only (no GPU activity)"
-        )
+        device = "GPU (name not recorded)" if trace.kernels.height else "CPU only (no GPU activity)"
     saving = report.summary()["est_saving_us"]
     profiled = (steps["dur_ns"].sum() / 1e3) if steps.height else duration
     share = f" ({100 * saving / profiled:.1f}% of the profiled time)" if profiled else ""
@@ -300,8 +305,10 @@ def findings_section(report: Report, figures: Figures) -> str:
     )
     from traceq.reports import figures as fig
 
-    labels = [f"{n}. {g.rule} {g.name}" + (f" {g.where}" if g.where else "") for n, g in
-              enumerate(shown, 1)]
+    labels = [
+        f"{n}. {g.rule} {g.name}" + (f" {g.where}" if g.where else "")
+        for n, g in enumerate(shown, 1)
+    ]
     out.append(
         figures.add(
             fig.savings_bars(
@@ -363,7 +370,7 @@ def group_section(number: int, group: FindingGroup) -> str:
     dl = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
     return (
         f'<article class="finding" id="{anchor(number)}">'
-        f'<h3>{number}. <code>{esc(group.rule)}</code> {esc(group.name)} '
+        f"<h3>{number}. <code>{esc(group.rule)}</code> {esc(group.name)} "
         f'<span class="sev {group.severity}">{group.severity}</span> '
         f"<small>saves ~{esc(format_us(group.est_saving_us))} of "
         f"{esc(format_us(group.time_us))}</small></h3>"
@@ -404,8 +411,16 @@ def _evidence(group: FindingGroup) -> str:
         f", the {len(rows)} largest shown" if more > 0 else ""
     )
     return table(
-        ["step", "module", "ops", "kernels (library, dtype, layout)", "shapes", "dtype", "time",
-         "saving"],
+        [
+            "step",
+            "module",
+            "ops",
+            "kernels (library, dtype, layout)",
+            "shapes",
+            "dtype",
+            "time",
+            "saving",
+        ],
         rows,
         numeric=(0, 6, 7),
         raw=tuple(range(8)),
@@ -473,7 +488,7 @@ def _streams(trace: Trace, figures: Figures) -> str:
         busy = (100 * lane["busy"]).round(2).to_list()
         series.append((name, busy))
         rows.append([name, f"{sum(busy) / len(busy):.1f}%", f"{max(busy):.0f}%"])
-    lines = fig.utilization_lines((starts - origin) / 1e6, series)
+    lines = fig.utilization_lines(((starts - origin) / 1e6).round(4).tolist(), series)
     caption = (
         f"Busy % per stream in {BINS} bins of {format_us(width_us)} (exact busy share of "
         f"each bin; the {timeline.STREAMS} busiest streams, others merged)"
@@ -509,15 +524,23 @@ def _critical_path(trace: Trace, figures: Figures) -> str:
         for c, ns in causes
     ]
     top = [
-        [_clip(short_kernel(r["name"] or "—"), 90), r["kind"], format_us(r["time_ns"] / 1e3),
-         f"{r['pct']:.1f}%"]
+        [
+            _clip(short_kernel(r["name"] or "—"), 90),
+            r["kind"],
+            format_us(r["time_ns"] / 1e3),
+            f"{r['pct']:.1f}%",
+        ]
         for r in path.top(10).iter_rows(named=True)
     ]
     return (
         chart
         + table(["cause", "time", "share"], rows, numeric=(1, 2))
-        + table(["event on the path", "kind", "time", "share"], top, numeric=(2, 3),
-                caption="Events with the most time on the critical path")
+        + table(
+            ["event on the path", "kind", "time", "share"],
+            top,
+            numeric=(2, 3),
+            caption="Events with the most time on the critical path",
+        )
     )
 
 
@@ -561,8 +584,18 @@ def where_section(trace: Trace, figures: Figures) -> str:
         ]
         out.append(
             table(
-                ["kernel", "library", "category", "dtype", "layout", "tile", "calls", "total",
-                 "mean", "share"],
+                [
+                    "kernel",
+                    "library",
+                    "category",
+                    "dtype",
+                    "layout",
+                    "tile",
+                    "calls",
+                    "total",
+                    "mean",
+                    "share",
+                ],
                 rows,
                 numeric=(6, 7, 8, 9),
                 raw=tuple(range(10)),
@@ -585,8 +618,12 @@ def where_section(trace: Trace, figures: Figures) -> str:
             )
         )
         rows = [
-            [r["name"], f"{r['count']:,}", format_us(r["self_ns"] / 1e3),
-             format_us(r["gpu_ns"] / 1e3)]
+            [
+                r["name"],
+                f"{r['count']:,}",
+                format_us(r["self_ns"] / 1e3),
+                format_us(r["gpu_ns"] / 1e3),
+            ]
             for r in ops.iter_rows(named=True)
         ]
         out.append(table(["op", "calls", "self CPU", "GPU launched"], rows, numeric=(1, 2, 3)))
@@ -619,8 +656,7 @@ def job_section(ranks: Sequence[Rank], figures: Figures, *, shown: Trace) -> str
     shown_rank = next((r.rank for r in ranks if r.trace is shown), ranks[0].rank)
     out = [
         '<section id="job"><h2>Ranks</h2>',
-        f"<p>{len(ranks)} rank traces. The sections below this one are rank "
-        f"{shown_rank}'s.</p>",
+        f"<p>{len(ranks)} rank traces. The sections below this one are rank {shown_rank}'s.</p>",
         "<h3>Per-rank breakdown</h3>",
     ]
     totals = []
@@ -630,8 +666,7 @@ def job_section(ranks: Sequence[Rank], figures: Figures, *, shown: Trace) -> str
         totals.append(breakdown.select(pl.exclude("step", "ts_ns")).sum())
         if r.trace.steps.height:
             steps[f"rank {r.rank}"] = dict(
-                zip(breakdown["step"].to_list(), (breakdown["dur_ns"] / 1e6).to_list(),
-                    strict=True)
+                zip(breakdown["step"].to_list(), (breakdown["dur_ns"] / 1e6).to_list(), strict=True)
             )
     frame = pl.concat(totals)
     x = [f"rank {r.rank}" for r in ranks]
@@ -652,8 +687,11 @@ def job_section(ranks: Sequence[Rank], figures: Figures, *, shown: Trace) -> str
             for name, values in series.items()
         ]
         out.append(
-            table(["rank", *[f"step {s} (ms)" for s in all_steps]], rows,
-                  numeric=tuple(range(1, len(all_steps) + 1)))
+            table(
+                ["rank", *[f"step {s} (ms)" for s in all_steps]],
+                rows,
+                numeric=tuple(range(1, len(all_steps) + 1)),
+            )
         )
     else:
         out.append("<p class=empty>No rank trace has ProfilerStep windows.</p>")
@@ -681,91 +719,6 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-STYLE = """
-:root { --fg: #1d1d1f; --muted: #5f6368; --bg: #ffffff; --panel: #f5f6f8; --line: #d9dce1;
-  --link: #0b5cad; --error: #c62828; --warning: #b86e00; --info: #1565c0; }
-@media (prefers-color-scheme: dark) {
-  :root { --fg: #e8e8ea; --muted: #a0a4aa; --bg: #16171a; --panel: #202226; --line: #3a3d43;
-    --link: #7fb4ff; --error: #ff6b6b; --warning: #ffb347; --info: #6fa8ff; } }
-* { box-sizing: border-box; }
-body { margin: 0 auto; max-width: 1180px; padding: 1rem 1.5rem 3rem; color: var(--fg);
-  background: var(--bg); font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }
-h1 { margin: .2rem 0; font-size: 1.7rem; } h2 { margin-top: 2.2rem; border-bottom: 2px solid var(--line); }
-h3 { margin-top: 1.6rem; } a { color: var(--link); } code { font-size: .92em; }
-.source { color: var(--muted); word-break: break-all; margin: 0 0 .6rem; }
-dl.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: .4rem 1rem;
-  background: var(--panel); padding: .8rem 1rem; border-radius: 8px; margin: 0; }
-dl.facts dt, dl.group dt { color: var(--muted); font-size: .8rem; text-transform: uppercase; }
-dl dd { margin: 0; }
-dl.group { display: grid; grid-template-columns: 1fr; gap: .3rem; margin: .5rem 0; }
-dl.group div { display: grid; grid-template-columns: 10rem 1fr; gap: .8rem; }
-nav { position: sticky; top: 0; background: var(--bg); padding: .5rem 0; border-bottom: 1px solid var(--line);
-  z-index: 5; } nav a { margin-right: 1.2rem; font-weight: 600; }
-figure.chart { margin: .8rem 0 .3rem; } figcaption { color: var(--muted); font-size: .85rem; }
-.plot { width: 100%; }
-.table { overflow-x: auto; margin: .4rem 0 1rem; }
-table { border-collapse: collapse; width: 100%; font-size: .85rem; }
-caption { text-align: left; color: var(--muted); padding: .2rem 0; }
-th, td { border-bottom: 1px solid var(--line); padding: .25rem .5rem; text-align: left; vertical-align: top; }
-th { background: var(--panel); } td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-td small, h3 small { color: var(--muted); }
-.sev { font-size: .75rem; padding: 0 .4rem; border-radius: 4px; border: 1px solid currentColor; }
-.sev.error { color: var(--error); } .sev.warning { color: var(--warning); } .sev.info { color: var(--info); }
-article.finding { border: 1px solid var(--line); border-radius: 8px; padding: .2rem 1rem .4rem; margin: 1rem 0; }
-article.finding:target { outline: 3px solid var(--link); }
-.top { text-align: right; margin: 0; font-size: .8rem; }
-.empty { color: var(--muted); font-style: italic; }
-footer { margin-top: 3rem; color: var(--muted); font-size: .8rem; }
-@media print {
-  :root { --fg: #000; --muted: #444; --bg: #fff; --panel: #f2f2f2; --line: #bbb; --link: #000; }
-  body { max-width: none; padding: 0; font-size: 11pt; } nav, .top, .modebar-container { display: none; }
-  h2 { break-before: page; } h2:first-of-type { break-before: auto; }
-  figure.chart, article.finding, tr { break-inside: avoid; } h3 { break-after: avoid; }
-  .table { overflow: visible; } a { text-decoration: none; }
-  @page { size: A4; margin: 14mm; } }
-"""
-
-SCRIPT = """
-(function () {
-  var dark = window.matchMedia('(prefers-color-scheme: dark)');
-  function colors(isDark) {
-    return isDark ? {fg: '#e8e8ea', grid: '#3a3d43'} : {fg: '#1d1d1f', grid: '#e1e4e8'};
-  }
-  function theme(layout, isDark) {
-    var c = colors(isDark), update = {'font.color': c.fg, 'legend.font.color': c.fg};
-    Object.keys(layout).forEach(function (key) {
-      if (/^[xy]axis\\d*$/.test(key)) {
-        update[key + '.gridcolor'] = c.grid; update[key + '.zerolinecolor'] = c.grid;
-        update[key + '.linecolor'] = c.grid;
-      }
-    });
-    return update;
-  }
-  function apply(layout, update) {
-    Object.keys(update).forEach(function (path) {
-      var parts = path.split('.'), node = layout;
-      for (var i = 0; i < parts.length - 1; i++) { node[parts[i]] = node[parts[i]] || {}; node = node[parts[i]]; }
-      node[parts[parts.length - 1]] = update[path];
-    });
-    return layout;
-  }
-  var plots = [];
-  document.querySelectorAll('script.figure').forEach(function (block) {
-    var spec = JSON.parse(block.textContent), div = document.getElementById(block.dataset.target);
-    var layout = apply(spec.layout, theme(spec.layout, dark.matches));
-    Plotly.newPlot(div, spec.data, layout, {displaylogo: false, responsive: true});
-    if (spec.links) {
-      div.on('plotly_click', function (event) {
-        var target = event.points[0].customdata; if (target) { window.location.hash = target; }
-      });
-    }
-    plots.push(div);
-  });
-  function retheme(isDark) {
-    plots.forEach(function (div) { Plotly.relayout(div, theme(div.layout, isDark)); });
-  }
-  window.addEventListener('beforeprint', function () { retheme(false); });
-  window.addEventListener('afterprint', function () { retheme(dark.matches); });
-  dark.addEventListener('change', function (event) { retheme(event.matches); });
-})();
-"""
+def _asset(name: str) -> str:
+    """The page's stylesheet or script, shipped beside this module."""
+    return resources.files("traceq.reports").joinpath(name).read_text(encoding="utf-8")

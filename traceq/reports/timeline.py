@@ -155,7 +155,9 @@ def stream_utilization(trace: Trace, bins: int = 400) -> tuple[np.ndarray, pl.Da
         .sort("total", "device", "stream", descending=[True, False, False])
     )
     kept = ranked.head(STREAMS).select("device", "stream")
-    lanes = kernels.join(kept.with_columns(pl.lit(True).alias("_kept")), on=["device", "stream"], how="left")
+    lanes = kernels.join(
+        kept.with_columns(pl.lit(True).alias("_kept")), on=["device", "stream"], how="left"
+    )
     lanes = lanes.with_columns(
         pl.when(pl.col("_kept")).then(pl.col("stream")).otherwise(None).alias("stream")
     )

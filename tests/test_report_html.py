@@ -185,9 +185,12 @@ def test_cpu_page_is_self_contained_with_every_finding(tmp_path):
     assert text.count("<script src") == 0 and "<link" not in text
     assert len(re.findall(r"Plotly\.newPlot", text)) >= 1
     assert "@import" not in text and "url(" not in text.split("</style>")[0]
-    # the savings chart draws exactly the groups' savings, in ms, largest first
-    savings = figure_specs(text)[0]["data"][0]["x"]
-    assert savings == pytest.approx([g.est_saving_us / 1e3 for g in groups[:MAX_GROUPS]])
+    # the savings chart draws exactly the groups' savings, largest first, in the axis' unit
+    # (µs here: every saving of this small CPU trace is under a millisecond)
+    spec = figure_specs(text)[0]
+    savings = spec["data"][0]["x"]
+    assert spec["layout"]["xaxis"]["title"]["text"] == "estimated saving (µs)"
+    assert savings == pytest.approx([g.est_saving_us for g in groups[:MAX_GROUPS]])
     assert savings == sorted(savings, reverse=True)
     assert len(text.encode()) < 6e6
 
@@ -302,3 +305,23 @@ def test_check_and_diff_html(tmp_path):
     verdict = traceq.check(compiled, str(base))
     rels = [100 * m.change.rel for m in verdict.metrics if m.change.rel is not None]
     assert bars["x"] == pytest.approx(rels)
+
+
+@pytest.mark.parametrize("command", ["report", "diff"])
+def test_without_plotly_one_line_and_exit_2(command, tmp_path):
+    """plotly is an extra: without it `report` and `--format html` name it, no traceback."""
+    args = (
+        ["report", str(CPU), "-o", str(tmp_path / "r.html")]
+        if command == "report"
+        else ["diff", str(CPU), str(CPU), "--format", "html"]
+    )
+    code = (
+        "import sys; sys.modules['plotly'] = None\n"
+        "from traceq.cli.main import main\n"
+        f"main({args!r})"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("traceq: error: HTML reports need plotly")
+    assert "traceq[report]" in lines[0]

@@ -67,16 +67,18 @@ def savings_bars(
     anchors: list[str],
     hover: list[str],
 ) -> Any:
-    """Estimated saving per finding group, largest on top; a click jumps to its section."""
+    """Estimated saving per finding group, largest on top; a click jumps to its section.
+    In µs when every saving is under a millisecond, else in ms."""
+    scale, unit = (1.0, "µs") if max(saving_us, default=0) < 1e3 else (1e3, "ms")
     figure = go().Figure(
         go().Bar(
-            x=[us / 1e3 for us in saving_us],
+            x=[us / scale for us in saving_us],
             y=labels,
             orientation="h",
             marker_color=[SEVERITY_COLORS.get(s, "#888") for s in severities],
             customdata=anchors,
             hovertext=hover,
-            hovertemplate="%{y}<br>saves ~%{x:.3f} ms<br>%{hovertext}<extra></extra>",
+            hovertemplate=f"%{{y}}<br>saves ~%{{x:.3f}} {unit}<br>%{{hovertext}}<extra></extra>",
             text=[_ms(us) for us in saving_us],
             textposition="auto",
         )
@@ -84,7 +86,7 @@ def savings_bars(
     figure.update_layout(
         layout(
             max(160, 26 * len(labels) + 60),
-            xaxis={"title": "estimated saving (ms)"},
+            xaxis={"title": f"estimated saving ({unit})"},
             yaxis={"autorange": "reversed", "automargin": True},
         )
     )
@@ -110,6 +112,7 @@ def step_bars(breakdown: pl.DataFrame, x: list[str], *, title: str = "step") -> 
         layout(
             360,
             barmode="stack",
+            legend={"orientation": "h", "y": -0.2, "traceorder": "normal"},
             xaxis={"title": title, "type": "category"},
             yaxis={"title": "ms", "automargin": True},
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -49,6 +50,19 @@ MAX_EVIDENCE = 10
 
 def esc(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
+
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def prose(text: str | None) -> str:
+    """Escaped text with the findings' `code spans` as <code>."""
+    return _CODE.sub(r"<code>\1</code>", esc(text))
+
+
+def plain(text: str) -> str:
+    """Text for a chart label: code spans without their backticks."""
+    return _CODE.sub(r"\1", text)
 
 
 @dataclass
@@ -316,9 +330,9 @@ def findings_section(report: Report, figures: Figures) -> str:
                 [g.est_saving_us for g in shown],
                 [g.severity for g in shown],
                 [f"#{anchor(n)}" for n in range(1, len(shown) + 1)],
-                [_clip(g.first.message, 120) for g in shown],
+                [_clip(plain(g.first.message), 120) for g in shown],
             ),
-            "Estimated saving by finding group (ms), largest first",
+            "Estimated saving by finding group, largest first",
             links=True,
         )
     )
@@ -337,7 +351,7 @@ def findings_section(report: Report, figures: Figures) -> str:
     out.append(
         table(
             ["#", "rule", "severity", "where", "time", "est. saving", "message"],
-            [[r[0], esc(r[1]), r[2], esc(r[3]), r[4], r[5], esc(r[6])] for r in rows],
+            [[r[0], esc(r[1]), r[2], prose(r[3]), r[4], r[5], prose(r[6])] for r in rows],
             numeric=(0, 4, 5),
             raw=(0, 1, 2, 3, 6),
         )
@@ -355,13 +369,13 @@ def findings_section(report: Report, figures: Figures) -> str:
 def group_section(number: int, group: FindingGroup) -> str:
     first = group.first
     facts = [
-        ("what", esc(first.message)),
-        ("where", esc(group.where or "—")),
+        ("what", prose(first.message)),
+        ("where", prose(group.where or "—")),
         ("steps", esc(", ".join(map(str, group.steps)) or "—")),
         ("time now", esc(format_us(group.time_us))),
         ("estimated saving", f"<strong>{esc(format_us(group.est_saving_us))}</strong>"),
-        ("saving model", esc(first.saving_model or "—")),
-        ("fix", esc(first.fix or "—")),
+        ("saving model", prose(first.saving_model or "—")),
+        ("fix", prose(first.fix or "—")),
     ]
     if first.zoo:
         facts.append(("zoo", ", ".join(f"<code>{esc(z)}</code>" for z in first.zoo)))

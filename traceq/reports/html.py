@@ -60,6 +60,11 @@ def prose(text: str | None) -> str:
     return _CODE.sub(r"<code>\1</code>", esc(text))
 
 
+def dotted(path: str) -> str:
+    """A module path that may wrap after each dot."""
+    return esc(path).replace(".", ".<wbr>")
+
+
 def plain(text: str) -> str:
     """Text for a chart label: code spans without their backticks."""
     return _CODE.sub(r"\1", text)
@@ -351,7 +356,10 @@ def findings_section(report: Report, figures: Figures) -> str:
     out.append(
         table(
             ["#", "rule", "severity", "where", "time", "est. saving", "message"],
-            [[r[0], esc(r[1]), r[2], prose(r[3]), r[4], r[5], prose(r[6])] for r in rows],
+            [
+                [r[0], esc(r[1]), r[2], prose(r[3]).replace(".", ".<wbr>"), r[4], r[5], prose(r[6])]
+                for r in rows
+            ],
             numeric=(0, 4, 5),
             raw=(0, 1, 2, 3, 6),
         )
@@ -404,14 +412,14 @@ def _evidence(group: FindingGroup) -> str:
         decoded = [decode(k) for k in kernels[:3]]
         kernel_cell = "<br>".join(
             f'<span title="{esc(k.name)}">{esc(_decoded(k))}</span> '
-            f"<small>{esc(_clip(short_kernel(k.name), 36))}</small>"
+            f'<small class="kname">{esc(_clip(short_kernel(k.name), 36))}</small>'
             for k in decoded
         ) + (f"<br><small>+{len(kernels) - 3} more</small>" if len(kernels) > 3 else "")
         shapes = " ".join("[" + "×".join(map(str, s)) + "]" for s in f.shapes[:4])
         rows.append(
             [
                 esc("—" if f.step is None else f.step),
-                esc(f.module or "—"),
+                dotted(f.module or "—"),
                 esc(", ".join(ops[:6]) + (f" +{len(ops) - 6}" if len(ops) > 6 else "")) or "—",
                 kernel_cell or "—",
                 esc(shapes or "—"),

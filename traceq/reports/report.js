@@ -33,6 +33,15 @@
     }
     plots.push(div);
   });
+  // Printing needs no event (headless printToPDF fires none): each chart keeps in
+  // --print-zoom the zoom that fits its screen width onto an A4 page (182 mm = 688 px).
+  function fit() {
+    plots.forEach(function (div) {
+      div.style.setProperty('--print-zoom', Math.min(1, 680 / Math.max(div.offsetWidth, 1)));
+    });
+  }
+  fit();
+  window.addEventListener('resize', fit);
   function retheme(isDark) {
     plots.forEach(function (div) { Plotly.relayout(div, theme(div.layout, isDark)); });
   }

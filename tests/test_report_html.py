@@ -8,6 +8,7 @@ sampled two-rank directory `trace_filter` (facebookresearch/HolisticTraceAnalysi
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -325,3 +326,50 @@ def test_without_plotly_one_line_and_exit_2(command, tmp_path):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("traceq: error: HTML reports need plotly")
     assert "traceq[report]" in lines[0]
+
+
+def test_streams_past_the_sixteen_busiest_merge_into_one_lane(tmp_path):
+    """20 streams: the 16 with the most kernel time are drawn, streams 0-3 become one lane
+    whose bins are the busy share of the union of their kernels."""
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": f"k{s}",
+            "pid": 0,
+            "tid": s,
+            "ts": 1000 + 10 * i + s,
+            "dur": 5 + s,
+            "args": {"device": 0, "stream": s, "correlation": 1000 * s + i},
+        }
+        for s in range(20)
+        for i in range(10)
+    ]
+    path = tmp_path / "streams.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    starts, lanes = timeline.stream_utilization(traceq.load(path), bins=20)
+    assert lanes["stream"].unique(maintain_order=True).to_list() == [*range(4, 20), None]
+    edges = np.append(starts, max(e["ts"] + e["dur"] for e in events) * 1000)
+    others = [(e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000) for e in events if e["tid"] < 4]
+    expected = [
+        union_within(others, int(a), int(b)) / (b - a) for a, b in itertools.pairwise(edges)
+    ]
+    got = lanes.filter(lanes["stream"].is_null())["busy"].to_list()
+    assert got == pytest.approx(expected)
+
+
+def test_cli_corrupt_trace_and_job_directory(tmp_path):
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    result = CliRunner().invoke(main, ["report", str(bad), "-o", str(tmp_path / "r.html")])
+    assert result.exit_code == 2
+    assert result.output.startswith("traceq: error:") and len(result.output.splitlines()) == 1
+    job = tmp_path / "job"
+    job.mkdir()
+    for name in ("rank-0.json.gz", "rank-1.json.gz"):
+        (job / name).write_bytes(CPU.read_bytes())
+    out = tmp_path / "job.html"
+    result = CliRunner().invoke(main, ["report", str(job), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "2 rank traces" in text and 'id="job"' in text

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from traceq.cli.main import main
 
 import traceq
+from traceq.analyze import analysis as run_analysis
 from traceq.reports import timeline
 from traceq.reports.html import MAX_GROUPS, anchor, render_trace
 from traceq.reports.model import build_report, group_findings
@@ -373,3 +374,18 @@ def test_cli_corrupt_trace_and_job_directory(tmp_path):
     assert result.exit_code == 0, result.output
     text = out.read_text()
     assert "2 rank traces" in text and 'id="job"' in text
+
+
+def test_critical_path_of_a_large_trace_is_its_median_step(monkeypatch, shared_trace):
+    """Past CRITICAL_PATH_EVENTS events the page draws one typical step's path."""
+    from traceq.reports import html
+
+    trace = traceq.load(shared_trace("hta/tests/data/trace_filter/sampled_rank-0.json.gz"))
+    assert html.critical_region(trace) == (None, "the whole trace")
+    monkeypatch.setattr(html, "CRITICAL_PATH_EVENTS", trace.events.height - 1)
+    durations = sorted(zip(trace.steps["dur_ns"], trace.steps["step"], strict=True))
+    median = durations[(len(durations) - 1) // 2][1]
+    step, scope = html.critical_region(trace)
+    assert step == median and scope.startswith(f"step {median}")
+    text = html.render_trace(trace, build_report(run_analysis(trace), trace))
+    assert f"Critical path of step {median}" in text

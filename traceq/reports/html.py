@@ -46,6 +46,8 @@ MAX_GROUPS = 40
 """Finding groups with a chart bar and a section (the rest are listed, see JSON output)."""
 MAX_EVIDENCE = 10
 """Occurrences shown in a group's evidence table."""
+CRITICAL_PATH_EVENTS = 500_000
+"""Past this many events the critical path is drawn for one typical step, not the trace."""
 
 
 def esc(value: object) -> str:
@@ -520,12 +522,24 @@ def _streams(trace: Trace, figures: Figures) -> str:
     )
 
 
+def critical_region(trace: Trace) -> tuple[int | None, str]:
+    """The whole trace, or past `CRITICAL_PATH_EVENTS` events its median-length step (a
+    typical step: the whole-trace path costs seconds per million events)."""
+    steps = trace.steps
+    if trace.events.height <= CRITICAL_PATH_EVENTS or steps.height == 0:
+        return None, "the whole trace"
+    ordered = steps.sort("dur_ns", "step")
+    step = int(ordered["step"][(ordered.height - 1) // 2])
+    return step, f"step {step}, the median-length step of {steps.height}"
+
+
 def _critical_path(trace: Trace, figures: Figures) -> str:
     from traceq.errors import TraceError
     from traceq.reports import figures as fig
 
+    region, scope = critical_region(trace)
     try:
-        path = trace.critical_path()
+        path = trace.critical_path(region)
     except (TraceError, ValueError) as error:
         return f"<p class=empty>No critical path: {esc(error)}</p>"
     if path.length_ns == 0:
@@ -539,7 +553,7 @@ def _critical_path(trace: Trace, figures: Figures) -> str:
             "ms",
             color="#72b7b2",
         ),
-        f"Critical path of the whole trace ({format_us(path.length_us)}) by cause",
+        f"Critical path of {scope} ({format_us(path.length_us)}) by cause",
     )
     rows = [
         [c.replace("_", " "), format_us(ns / 1e3), f"{100 * ns / path.length_ns:.1f}%"]

@@ -152,8 +152,8 @@ def report(
     **analyze: Any,
 ) -> Path:
     """Write the HTML report of a trace, a trace file, a directory of rank traces (a job)
-    or a sequence of rank traces to `path`; `analyze` goes to `traceq.analysis` (select,
-    ignore, config, options). Returns the path written.
+    or a sequence of rank traces to `path`; `analyze` goes to `traceq.analyze` (select,
+    ignore, config, options, device). Returns the path written.
 
     A job is for now its rank traces, each loaded with `traceq.load`; any object with a
     `traces` attribute (a sequence of traces) is taken as one, so a `Job` can be passed
@@ -163,10 +163,12 @@ def report(
     from traceq.reports.model import build_report
 
     go()  # fail before a long load when plotly is missing
+    out = Path(path)
+    if not out.parent.is_dir():  # and when the page could not be written
+        raise TraceFileError(f"cannot write the report to {out}: no directory {out.parent}")
     trace, ranks = _resolve(source)
     found = analysis(trace, **analyze)
     text = render_trace(trace, build_report(found, trace), ranks=ranks)
-    out = Path(path)
     try:
         out.write_text(text, encoding="utf-8")
     except OSError as error:

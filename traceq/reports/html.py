@@ -496,7 +496,8 @@ def _breakdown_table(breakdown: pl.DataFrame, x: list[str], first: str) -> str:
             [label, format_us(row["dur_ns"] / 1e3)]
             + [f"{format_us(row[c] / 1e3)} ({100 * row[c] / dur:.0f}%)" for c in cats]
         )
-    return table([first, "wall", *cats], rows, numeric=tuple(range(1, len(cats) + 2)))
+    header = [first, "wall", "compute", "communication", "memcpy", "CPU-bound", "idle"]
+    return table(header, rows, numeric=tuple(range(1, len(cats) + 2)))
 
 
 def _streams(trace: Trace, figures: Figures) -> str:

@@ -135,6 +135,21 @@ def test_cpu_fixture_in_chromium(browser, tmp_path):
     visit.close()
 
 
+def test_without_scripts_every_chart_has_its_table(browser, tmp_path):
+    """The page reads without JavaScript: each chart's figure is followed by a table."""
+    out = traceq.report(CPU, tmp_path / "cpu.html")
+    context = browser.new_context(java_script_enabled=False)
+    page = context.new_page()
+    page.goto(out.resolve().as_uri())
+    pairs = page.evaluate(
+        "() => Array.from(document.querySelectorAll('figure.chart')).map(f => "
+        "f.nextElementSibling && f.nextElementSibling.querySelector('table') !== null)"
+    )
+    assert len(pairs) >= 4 and all(pairs)
+    assert page.locator(".js-plotly-plot").count() == 0  # nothing drew: scripts were off
+    context.close()
+
+
 def test_dark_scheme(browser, tmp_path):
     out = traceq.report(CPU, tmp_path / "cpu.html")
     visit = Visit(browser, out, scheme="dark")

@@ -240,6 +240,13 @@ def test_job_directory_shows_every_rank(shared_traces, tmp_path):
     for series, trace in zip(steps["data"], sorted(ranks, key=lambda t: t.rank), strict=True):
         assert series["name"] == f"rank {trace.rank}"
         assert series["y"] == pytest.approx((trace.steps["dur_ns"] / 1e6).to_list())
+    # the skew row: per step, slowest minus fastest rank, and the slowest's name
+    by_rank = {t.rank: dict(zip(t.steps["step"], t.steps["dur_ns"], strict=True)) for t in ranks}
+    for step in sorted(by_rank[0]):
+        times = {r: d[step] / 1e6 for r, d in by_rank.items()}
+        slowest = max(times, key=times.get)
+        spread = times[slowest] - min(times.values())
+        assert f"{spread:.3f} (rank {slowest})" in text
 
 
 def test_report_accepts_a_list_of_traces_and_an_object_with_traces(tmp_path):

@@ -725,6 +725,7 @@ def job_section(ranks: Sequence[Rank], figures: Figures, *, shown: Trace) -> str
             [name, *[("—" if v is None else f"{v:.3f}") for v in values]]
             for name, values in series.items()
         ]
+        rows.append(["slowest − fastest", *[_skew(series, i) for i in range(len(all_steps))]])
         out.append(
             table(
                 ["rank", *[f"step {s} (ms)" for s in all_steps]],
@@ -736,6 +737,15 @@ def job_section(ranks: Sequence[Rank], figures: Figures, *, shown: Trace) -> str
         out.append("<p class=empty>No rank trace has ProfilerStep windows.</p>")
     out.append("</section>")
     return "\n".join(out)
+
+
+def _skew(series: dict[str, list[float | None]], i: int) -> str:
+    """The spread of step `i` across ranks, and which rank was slowest."""
+    times = {name: values[i] for name, values in series.items() if values[i] is not None}
+    if len(times) < 2:
+        return "—"
+    slowest = max(times, key=lambda name: times[name])
+    return f"{times[slowest] - min(times.values()):.3f} ({slowest})"
 
 
 # -- text helpers -------------------------------------------------------------------------

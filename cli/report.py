@@ -4,7 +4,7 @@ A directory is a job: every `*.json`/`*.json.gz` in it is a rank trace; the page
 ranks side by side, then the lowest rank's findings and time. Needs plotly (the `report`
 extra); without it, one line and exit 2 (`PlotlyMissing`, a `TraceError`).
 
-Exit status: 0, or 2 on bad input or an unwritable output path.
+Exit status: 0, or 2 on bad input or an unwritable output path (checked before the load).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import click
-from traceq.cli.common import progress, split_codes, trace_argument
+from traceq.cli.common import output_path, progress, split_codes, trace_argument, writing
 
 from traceq.errors import TraceFileError
 from traceq.rules.config import parse_options
@@ -24,7 +24,8 @@ from traceq.rules.config import parse_options
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
+    callback=output_path,
     default="report.html",
     show_default=True,
     help="the HTML file to write",
@@ -52,7 +53,7 @@ def report(
     if not Path(trace).exists():
         raise TraceFileError(f"{trace}: no such file or directory")
     start = time.perf_counter()
-    with progress(f"Reporting {trace} ..."):
+    with progress(f"Reporting {trace} ..."), writing(output):
         path = write_report(
             trace,
             output,

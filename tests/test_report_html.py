@@ -281,7 +281,7 @@ def test_cli_writes_the_page(tmp_path):
     ("args", "message"),
     [
         (["missing.json.gz"], "no such file"),
-        ([str(CPU), "-o", "/nonexistent-dir/r.html"], "cannot write the report"),
+        ([str(CPU), "-o", "/nonexistent-dir/r.html"], "cannot write /nonexistent-dir/r.html"),
         ([str(ROOT / "docs")], "no trace files"),
     ],
 )
@@ -396,3 +396,28 @@ def test_critical_path_of_a_large_trace_is_its_median_step(monkeypatch, shared_t
     assert step == median and scope.startswith(f"step {median}")
     text = html.render_trace(trace, build_report(run_analysis(trace), trace))
     assert f"Critical path of step {median}" in text
+
+
+@pytest.mark.parametrize("where", ["missing directory", "a directory", "inside a file", "full"])
+def test_cli_unwritable_output_is_one_line(where, tmp_path):
+    """As every writing command (tests/test_hardening_cli.py): one line, exit 2."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a folder\n")
+    out, reason = {
+        "missing directory": (tmp_path / "missing" / "r.html", "does not exist"),
+        "a directory": (tmp_path, "it is a directory"),
+        "inside a file": (a_file / "r.html", "is not a directory"),
+        "full": (Path("/dev/full"), "no space left on device"),
+    }[where]
+    if where == "full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    result = CliRunner().invoke(main, ["report", str(CPU), "-o", str(out)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"traceq: error: cannot write {out}: ")
+    assert reason in lines[0]
+
+
+def test_api_missing_directory_fails_before_the_load(tmp_path):
+    with pytest.raises(traceq.TraceError, match="does not exist"):
+        traceq.report(tmp_path / "missing.json.gz", tmp_path / "no" / "r.html")

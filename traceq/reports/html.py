@@ -164,17 +164,11 @@ def report(
 
     go()  # fail before a long load when plotly is missing
     out = Path(path)
-    if not out.parent.is_dir():  # and when the page could not be written
-        raise TraceFileError(f"cannot write the report to {out}: no directory {out.parent}")
+    if not out.parent.is_dir():  # and when the page has nowhere to go
+        raise TraceFileError(f"cannot write {out}: directory {out.parent} does not exist")
     trace, ranks = _resolve(source)
     found = analysis(trace, **analyze)
-    text = render_trace(trace, build_report(found, trace), ranks=ranks)
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise TraceFileError(
-            f"cannot write the report to {out}: {error.strerror or error}"
-        ) from error
+    out.write_text(render_trace(trace, build_report(found, trace), ranks=ranks), encoding="utf-8")
     return out
 
 

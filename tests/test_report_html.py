@@ -194,6 +194,7 @@ def test_cpu_page_is_self_contained_with_every_finding(tmp_path):
     assert spec["layout"]["xaxis"]["title"]["text"] == "estimated saving (µs)"
     assert savings == pytest.approx([g.est_saving_us for g in groups[:MAX_GROUPS]])
     assert savings == sorted(savings, reverse=True)
+    assert not any("`" in label for label in spec["data"][0]["y"])  # code spans unquoted
     assert len(text.encode()) < 6e6
 
 

@@ -314,16 +314,18 @@ def findings_section(report: Report, figures: Figures) -> str:
         out.append(f"<p class=empty>No findings (rules run: {esc(rules)}).</p></section>")
         return "".join(out)
     shown = groups[:MAX_GROUPS]
-    total = report.summary()["est_saving_us"]
+    summary = report.summary()
     out.append(
         f"<p>{len(report.findings)} findings in {len(groups)} groups; estimated saving "
-        f"<strong>{esc(format_us(total))}</strong> in all (groups can overlap: savings do not "
-        "add up exactly). Click a bar or a row for the group's evidence.</p>"
+        f"<strong>{esc(format_us(summary['est_saving_us']))}</strong> in all, each µs counted "
+        f"once (the findings' own estimates sum to "
+        f"{esc(format_us(summary['est_saving_us_sum']))}; the bars show each group's own). "
+        "Click a bar or a row for the group's evidence.</p>"
     )
     from traceq.reports import figures as fig
 
     labels = [
-        f"{n}. {g.rule} {g.name}" + (f" {g.where}" if g.where else "")
+        plain(f"{n}. {g.rule} {g.name}" + (f" {g.where}" if g.where else ""))
         for n, g in enumerate(shown, 1)
     ]
     out.append(

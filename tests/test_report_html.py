@@ -422,3 +422,24 @@ def test_cli_unwritable_output_is_one_line(where, tmp_path):
 def test_api_missing_directory_fails_before_the_load(tmp_path):
     with pytest.raises(traceq.TraceError, match="does not exist"):
         traceq.report(tmp_path / "missing.json.gz", tmp_path / "no" / "r.html")
+
+
+def test_epoch_nanosecond_timestamps_give_finite_bins(shared_trace, tmp_path):
+    """HTA's call_stack trace stamps events in ns since the epoch (~1.67e18, past float64's
+    exact integers): every bin has a width, the busy time adds up to the one kernel's 45 µs,
+    and the page holds no NaN (which is not JSON)."""
+    trace = traceq.load(shared_trace("hta/tests/data/call_stack/backward_thread.json"))
+    assert trace.kernels.height == 1 and trace.kernels["ts_ns"][0] > 2**53
+    starts, lanes = timeline.stream_utilization(trace, bins=400)
+    edges = np.append(starts, trace.kernels["end_ns"][0])
+    assert (np.diff(edges) > 0).all()
+    busy = lanes["busy"].to_numpy()
+    assert np.isfinite(busy).all()
+    assert float((busy * np.diff(edges)).sum()) == pytest.approx(45_000)
+    blocks = re.findall(
+        r'class="figure"[^>]*>(.*?)</script>',
+        traceq.report(trace, tmp_path / "r.html").read_text(),
+        re.S,
+    )
+    assert blocks and all(json.loads(b.replace("<\\/", "</")) for b in blocks)
+    assert not any("NaN" in b for b in blocks)

@@ -147,7 +147,11 @@ def stream_utilization(trace: Trace, bins: int = 400) -> tuple[np.ndarray, pl.Da
     if kernels.height == 0:
         return np.zeros(0, dtype=np.int64), pl.DataFrame(schema=schema)
     start, end = int(kernels["ts_ns"].min()), int(kernels["end_ns"].max())
-    edges = np.linspace(start, max(end, start + 1), bins + 1).round().astype(np.int64)
+    span = max(end - start, 1)
+    bins = min(bins, span)  # a span shorter than `bins` ns gets 1-ns bins, none empty
+    # Offsets from the start, then added: epoch timestamps (~1.7e18 ns) are beyond float64's
+    # exact integers, and a linspace over them gives bins of zero width.
+    edges = start + np.linspace(0, span, bins + 1).round().astype(np.int64)
     width = np.diff(edges).astype(np.float64)
     ranked = (
         kernels.group_by("device", "stream")

@@ -138,10 +138,11 @@ def step_breakdown(trace: Trace) -> pl.DataFrame:
 
 def stream_utilization(trace: Trace, bins: int = 400) -> tuple[np.ndarray, pl.DataFrame]:
     """The GPU's busy share per stream over time, downsampled: the span of GPU activity cut
-    into `bins` equal bins, each bin's value the fraction of it a stream was busy (the
-    union of its intervals, measured exactly, not sampled). Returns the bin starts (ns) and
-    one row per (device, stream, bin) with `busy` in [0, 1]. The `STREAMS` busiest streams
-    are kept; the others become one row set with stream null ("other streams")."""
+    into `bins` equal bins (1-ns bins when the span is shorter), each bin's value the
+    fraction of it a stream was busy (the union of its intervals, measured exactly, not
+    sampled). Returns the bin starts (ns) and one row per (device, stream, bin) with `busy`
+    in [0, 1]. The `STREAMS` busiest streams are kept; the others become one row set with
+    stream null ("other streams")."""
     kernels = trace.kernels.select("device", "stream", "ts_ns", "end_ns")
     schema = {"device": pl.Int64, "stream": pl.Int64, "bin": pl.Int64, "busy": pl.Float64}
     if kernels.height == 0:

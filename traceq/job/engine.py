@@ -1,0 +1,139 @@
+"""Where the per-rank map runs: in this process, in a pool of local processes, or on Ray.
+
+Every engine runs the same picklable function on `(path, rank, rank_source, *args)` and
+returns, per rank, either its result or the one-line error of the rank that failed, in
+rank order — so a serial run, a local pool and a Ray cluster give identical results.
+The local pool is sized by cores and by free memory over the largest rank's expected peak
+(about 4× its uncompressed JSON, the loader's measured ratio), as HTA sizes its pool by
+measured peak.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+from traceq.errors import TraceError
+
+ENGINES = ("local", "serial", "ray")
+PEAK_PER_BYTE = 4  # a rank's load peaks near 4x its uncompressed JSON (docs/benchmarks.md)
+
+
+@dataclass
+class Task:
+    """One rank's map input: which file, which rank, and how the rank was found."""
+
+    path: str
+    rank: int
+    rank_source: str
+    size_bytes: int = 0
+
+
+@dataclass
+class Outcome:
+    """One rank's map output: its value, or the one-line error it failed with."""
+
+    rank: int
+    value: Any = None
+    error: str | None = None
+
+
+def run_task(fn: Callable[..., Any], task: Task, args: tuple[Any, ...]) -> Outcome:
+    """Run `fn` for one rank; bad input becomes that rank's error line, never a crash."""
+    try:
+        return Outcome(task.rank, fn(task, *args))
+    except TraceError as exc:
+        return Outcome(task.rank, error=f"rank {task.rank}: {exc}")
+    except MemoryError:
+        return Outcome(task.rank, error=f"rank {task.rank}: {task.path}: out of memory")
+
+
+def free_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else 4 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def pool_size(tasks: Sequence[Task], workers: int | None = None) -> int:
+    """Processes for a local map: `workers` if given, else min(cores, ranks, free memory /
+    the largest rank's expected peak), at least 1."""
+    if workers:
+        return max(1, workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    peak = max((t.size_bytes for t in tasks), default=0) * PEAK_PER_BYTE or 1
+    by_memory = int(free_memory_bytes() * 0.8 // peak)
+    return max(1, min(cores or 1, len(tasks), by_memory))
+
+
+def map_ranks(
+    fn: Callable[..., Any],
+    tasks: Sequence[Task],
+    args: tuple[Any, ...] = (),
+    *,
+    engine: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+) -> list[Outcome]:
+    """`fn(task, *args)` for every task on `engine`, outcomes in task order."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "ray":
+        return _ray_map(fn, tasks, args, address=address, workers=workers)
+    size = pool_size(tasks, workers)
+    if engine == "serial" or size == 1 or len(tasks) <= 1:
+        return [run_task(fn, t, args) for t in tasks]
+    # forkserver: polars' thread pool does not survive fork(); each worker starts clean.
+    with ProcessPoolExecutor(size, mp_context=get_context("forkserver")) as pool:
+        return list(pool.map(run_task, [fn] * len(tasks), tasks, [args] * len(tasks)))
+
+
+def _ray_map(
+    fn: Callable[..., Any],
+    tasks: Sequence[Task],
+    args: tuple[Any, ...],
+    *,
+    address: str | None,
+    workers: int | None,
+) -> list[Outcome]:
+    """The same map as Ray tasks next to the traces (paths must be on shared storage), at
+    most `workers` (default: the cluster's CPUs) in flight at once: back-pressure, so a
+    1,000-rank job never has 1,000 results waiting in the object store."""
+    try:
+        import ray
+    except ImportError:
+        raise TraceError("--engine ray needs Ray: pip install 'traceq[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    remote = ray.remote(run_task)
+    limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    pending: dict[Any, int] = {}
+    done: dict[int, Outcome] = {}
+    for i, task in enumerate(tasks):
+        if len(pending) >= limit:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                index = pending.pop(ref)
+                done[index] = _ray_get(ray, ref, tasks, index)
+        pending[remote.remote(fn, task, args)] = i
+    for ref, i in pending.items():
+        done[i] = _ray_get(ray, ref, tasks, i)
+    return [done[i] for i in range(len(tasks))]
+
+
+def _ray_get(ray: Any, ref: Any, tasks: Sequence[Task], index: int) -> Outcome:
+    try:
+        return ray.get(ref)
+    except Exception as exc:  # a worker died: name the rank, in one line
+        rank = tasks[index].rank
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return Outcome(rank, error=f"rank {rank}: Ray task failed: {first}")

@@ -1,0 +1,160 @@
+"""Where one rank's time goes, per step: compute, communication, memcpy, idle, and the
+communication nothing else overlapped (exposed).
+
+Times are unions of intervals, never sums, so two streams busy at once count once. GPU
+ranks are measured on the device: a step's window runs from its first to its last GPU
+activity, and each activity is COMM (an NCCL/RCCL kernel), MEM (memcpy, memset) or COMP
+(any other kernel) — Holistic Trace Analysis' kernel types. CPU ranks (gloo) are measured
+on the host: communication is the outermost comm ops on any thread, compute the outermost
+other CPU ops, and the window is the `ProfilerStep` range.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from traceq.relations.collectives import COMM_KERNEL, host_ranges, outermost, rank_collectives
+
+if TYPE_CHECKING:
+    from traceq.trace import Trace
+
+BREAKDOWN = {
+    "step": pl.Int64,
+    "on": pl.String,
+    "span_ns": pl.Int64,
+    "compute_ns": pl.Int64,
+    "comm_ns": pl.Int64,
+    "memcpy_ns": pl.Int64,
+    "busy_ns": pl.Int64,
+    "idle_ns": pl.Int64,
+    "exposed_comm_ns": pl.Int64,
+}
+
+
+def union_ns(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Per group of `by`, the length of the union of its `ts_ns`..`end_ns` intervals."""
+    if intervals.height == 0:
+        return pl.DataFrame(schema={**{c: intervals.schema[c] for c in by}, "union_ns": pl.Int64})
+    merged = (
+        intervals.select(*by, "ts_ns", "end_ns")
+        .sort(*by, "ts_ns")
+        .with_columns(pl.col("end_ns").cum_max().shift(1).over(by).alias("_reach"))
+        .with_columns(
+            (pl.col("_reach").is_null() | (pl.col("ts_ns") > pl.col("_reach")))
+            .cum_sum()
+            .over(by)
+            .alias("_block")
+        )
+    )
+    blocks = merged.group_by(*by, "_block").agg(
+        pl.col("ts_ns").min().alias("start"), pl.col("end_ns").max().alias("end")
+    )
+    return blocks.group_by(by).agg((pl.col("end") - pl.col("start")).sum().alias("union_ns"))
+
+
+def kernel_type(kind: pl.Expr, name: pl.Expr) -> pl.Expr:
+    """HTA's kernel types: COMM (NCCL/RCCL), MEM (memcpy/memset), COMP (everything else)."""
+    return (
+        pl.when(name.str.contains(COMM_KERNEL))
+        .then(pl.lit("COMM"))
+        .when(kind.is_in(["memcpy", "memset"]))
+        .then(pl.lit("MEM"))
+        .otherwise(pl.lit("COMP"))
+    )
+
+
+def kernel_breakdown(trace: Trace) -> pl.DataFrame:
+    """Per kernel type: count, summed time and share of all GPU activity time."""
+    kernels = trace.kernels.with_columns(kernel_type(pl.col("kind"), pl.col("name")).alias("type"))
+    total = kernels["dur_ns"].sum() or 1
+    return (
+        kernels.group_by("type")
+        .agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("dur_ns"))
+        .with_columns((pl.col("dur_ns") / total).alias("share"))
+        .sort("type")
+    )
+
+
+def typed_intervals(trace: Trace) -> pl.DataFrame:
+    """The rank's timed work as `step, type, ts_ns, end_ns` (type COMM / COMP / MEM), on
+    the GPU when it has GPU activity, else on the host (outermost ranges per thread)."""
+    kernels = trace.kernels
+    if kernels.height:
+        return kernels.select(
+            "step", kernel_type(pl.col("kind"), pl.col("name")).alias("type"), "ts_ns", "end_ns"
+        )
+    comm = rank_collectives(trace)
+    ranges = outermost(host_ranges(trace).join(comm.select("event"), on="event", how="anti"))
+    work = pl.concat(
+        [
+            ranges.select("step", pl.lit("COMP").alias("type"), "ts_ns", "end_ns"),
+            comm.select("step", pl.lit("COMM").alias("type"), "ts_ns", "end_ns"),
+        ]
+    )
+    return work.filter(pl.col("step").is_not_null() | (trace.steps.height == 0))
+
+
+def step_breakdown(trace: Trace) -> pl.DataFrame:
+    """One row per step (`BREAKDOWN`); a trace without steps gets one row, `step` null, for
+    all of it. Exposed communication is |COMM ∪ COMP| − |COMP|: the COMM time no compute
+    ran beside."""
+    on = "gpu" if trace.kernels.height else "cpu"
+    work = typed_intervals(trace)
+    if work.height == 0:
+        return pl.DataFrame(schema=BREAKDOWN)
+    if on == "cpu" and trace.steps.height:
+        spans = trace.steps.select("step", pl.col("dur_ns").alias("span_ns"))
+    else:
+        spans = work.group_by("step").agg(
+            (pl.col("end_ns").max() - pl.col("ts_ns").min()).alias("span_ns")
+        )
+    by_type = union_ns(work, ["step", "type"]).pivot(on="type", index="step", values="union_ns")
+    busy = union_ns(work, ["step"]).rename({"union_ns": "busy_ns"})
+    compute_or_comm = union_ns(work.filter(pl.col("type") != "MEM"), ["step"])
+    frame = (
+        spans.join(busy, on="step", how="left", nulls_equal=True)
+        .join(by_type, on="step", how="left", nulls_equal=True)
+        .join(compute_or_comm, on="step", how="left", nulls_equal=True)
+    )
+    for column in ("COMP", "COMM", "MEM"):
+        if column not in frame.columns:
+            frame = frame.with_columns(pl.lit(0, pl.Int64).alias(column))
+    frame = frame.with_columns(pl.col("COMP", "COMM", "MEM", "busy_ns", "union_ns").fill_null(0))
+    return (
+        frame.with_columns(
+            pl.lit(on).alias("on"),
+            pl.col("COMP").alias("compute_ns"),
+            pl.col("COMM").alias("comm_ns"),
+            pl.col("MEM").alias("memcpy_ns"),
+            (pl.col("span_ns") - pl.col("busy_ns")).clip(lower_bound=0).alias("idle_ns"),
+            (pl.col("union_ns") - pl.col("COMP")).alias("exposed_comm_ns"),
+        )
+        .select(pl.col(c).cast(t) for c, t in BREAKDOWN.items())
+        .sort("step")
+    )
+
+
+def step_ranges(trace: Trace) -> pl.DataFrame:
+    """Per step, the host time of each outermost range on the step's own thread (ops and
+    `record_function` ranges, by name), and `(untraced)`: step time in no range at all
+    (Python, sleeps, data loading outside any op). What a slow rank's extra time is spent on."""
+    steps = trace.steps
+    schema = {"step": pl.Int64, "name": pl.String, "dur_ns": pl.Int64}
+    if steps.height == 0:
+        return pl.DataFrame(schema=schema)
+    main = steps.select("pid", "tid").unique()
+    ranges = host_ranges(trace).filter(pl.col("step").is_not_null())
+    top = outermost(ranges.join(main, on=["pid", "tid"], how="semi"))
+    named = top.group_by("step", "name").agg(pl.col("dur_ns").sum())
+    untraced = (
+        steps.select("step", "dur_ns")
+        .join(union_ns(top, ["step"]), on="step", how="left")
+        .select(
+            "step",
+            pl.lit("(untraced)").alias("name"),
+            (pl.col("dur_ns") - pl.col("union_ns").fill_null(0)).clip(lower_bound=0),
+        )
+    )
+    return pl.concat([named, untraced], how="vertical_relaxed").cast(schema).sort("step", "name")

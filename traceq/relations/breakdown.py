@@ -137,20 +137,21 @@ def step_breakdown(trace: Trace) -> pl.DataFrame:
 
 
 def step_ranges(trace: Trace) -> pl.DataFrame:
-    """Per step, the host time of each outermost range on the step's own thread (ops and
-    `record_function` ranges, by name), and `(untraced)`: step time in no range at all
-    (Python, sleeps, data loading outside any op). What a slow rank's extra time is spent on."""
+    """Per step, the host time in each range name on the step's own thread (ops and
+    `record_function` ranges, at any depth, so a range nested in `forward` shows by its own
+    name), and `(untraced)`: step time in no range at all (Python, sleeps, data loading
+    outside any op). What a slow rank's extra time is spent on."""
     steps = trace.steps
     schema = {"step": pl.Int64, "name": pl.String, "dur_ns": pl.Int64}
     if steps.height == 0:
         return pl.DataFrame(schema=schema)
     main = steps.select("pid", "tid").unique()
     ranges = host_ranges(trace).filter(pl.col("step").is_not_null())
-    top = outermost(ranges.join(main, on=["pid", "tid"], how="semi"))
-    named = top.group_by("step", "name").agg(pl.col("dur_ns").sum())
+    ranges = ranges.join(main, on=["pid", "tid"], how="semi")
+    named = ranges.group_by("step", "name").agg(pl.col("dur_ns").sum())
     untraced = (
         steps.select("step", "dur_ns")
-        .join(union_ns(top, ["step"]), on="step", how="left")
+        .join(union_ns(outermost(ranges), ["step"]), on="step", how="left")
         .select(
             "step",
             pl.lit("(untraced)").alias("name"),

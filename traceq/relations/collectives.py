@@ -96,7 +96,8 @@ def normalize_collective(name: pl.Expr) -> pl.Expr:
     flat = name.str.to_lowercase().str.replace_all(r"[^a-z]", "")
     return (
         flat.str.replace(r"^(nccl|gloo|c10d)", "")
-        .str.replace(r"(coalesced|base|intoTensor|intotensor|single|v)$", "")
+        .str.replace(r"(intotensor|tensor|coalesced|base|single)+$", "")
+        .str.replace(r"^(allgather|alltoall|reducescatter|gather|scatter)v$", "$1")
         .str.replace(r"^allgatherinto", "allgather")
         .str.replace(r"^reducescattertensor", "reducescatter")
     )
@@ -316,3 +317,23 @@ def match_collectives(calls: pl.DataFrame, offsets: pl.DataFrame | None = None) 
         algbw.alias("algbw_gbs"),
         (algbw * busbw_factor(pl.col("collective"), n)).alias("busbw_gbs"),
     ).sort("instance", "rank")
+
+
+def step_waits(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, step and the rank it waited for (`last_rank`): the wall time spent waiting
+    (`wait_ns`, the union of its calls' waits: two buckets waiting for the same late rank at
+    once count once) and the calls it waited in."""
+    from traceq.relations.breakdown import union_ns
+
+    waits = matched.filter(
+        (pl.col("wait_ns") > 0) & (pl.col("rank") != pl.col("last_rank"))
+    ).with_columns(
+        pl.col("start_ns").alias("ts_ns"), (pl.col("start_ns") + pl.col("wait_ns")).alias("end_ns")
+    )
+    by = ["rank", "step", "last_rank"]
+    calls = waits.group_by(by).agg(pl.col("instance"), pl.col("seq"))
+    return (
+        union_ns(waits, by)
+        .rename({"union_ns": "wait_ns"})
+        .join(calls, on=by, how="left", nulls_equal=True)
+    )

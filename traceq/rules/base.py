@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 CODE = re.compile(r"^[A-Z]+[0-9]+$")
 NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
-Check = Callable[["Context"], Iterable[Finding]]
+Check = Callable[[Any], Iterable[Finding]]
+SCOPES = ("trace", "job")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Rule:
     check: Check = field(repr=False)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     zoo: tuple[str, ...] = ()
+    scope: str = "trace"  # "job": checks a multi-rank job's frames (`traceq.rules.jobs`)
 
     def __post_init__(self) -> None:
         if not CODE.match(self.code):
@@ -48,6 +50,8 @@ class Rule:
             raise ValueError(f"rule name {self.name!r} must be kebab-case")
         if self.severity not in SEVERITIES:
             raise ValueError(f"rule severity must be one of {SEVERITIES}, not {self.severity!r}")
+        if self.scope not in SCOPES:
+            raise ValueError(f"rule scope must be one of {SCOPES}, not {self.scope!r}")
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
 
     @property
@@ -68,7 +72,7 @@ class Rule:
     def module(self) -> str:
         return getattr(self.check, "__module__", "")
 
-    def __call__(self, ctx: Context) -> Iterable[Finding]:
+    def __call__(self, ctx: Any) -> Iterable[Finding]:
         return self.check(ctx)
 
 
@@ -79,11 +83,12 @@ def rule(
     *,
     defaults: Mapping[str, Any] | None = None,
     zoo: Iterable[str] = (),
+    scope: str = "trace",
 ) -> Callable[[Check], Rule]:
     """Make a `Rule` of a check function: `@rule("TQ201", "launch-bound", "warning", ...)`."""
 
     def wrap(check: Check) -> Rule:
-        return Rule(code, name, severity, check, dict(defaults or {}), tuple(zoo))
+        return Rule(code, name, severity, check, dict(defaults or {}), tuple(zoo), scope)
 
     return wrap
 

@@ -22,6 +22,10 @@ from traceq.rules import (
     tq207_zeroed_grads,
     tq301_fp32_gemm,
     tq302_low_occupancy,
+    tq401_straggler,
+    tq402_exposed_comm,
+    tq403_imbalanced_collective,
+    tq404_slow_collective,
 )
 from traceq.rules.base import Rule
 
@@ -40,6 +44,10 @@ MODULES = (
     tq207_zeroed_grads,
     tq301_fp32_gemm,
     tq302_low_occupancy,
+    tq401_straggler,
+    tq402_exposed_comm,
+    tq403_imbalanced_collective,
+    tq404_slow_collective,
 )
 
 RULES: list[Rule] = [module.RULE for module in MODULES]

@@ -122,7 +122,7 @@ def run(
     config = config or Config()
     ruleset = ruleset or discover()
     check_rule_refs(ruleset.rules, config)
-    chosen = selected(ruleset.rules, config)
+    chosen = [r for r in selected(ruleset.rules, config) if r.scope == "trace"]
     options = {r.code: rule_options(r, config) for r in chosen}
     model = (device or device_model(trace)).with_overrides(dict(config.device))
     cache: dict[str, Any] = {}

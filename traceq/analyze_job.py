@@ -1,0 +1,81 @@
+"""`analyze_job(job)`: the rule catalogue over a multi-rank job.
+
+Per rank (the map, on the job's engine): load the trace, reduce it to its `RankSummary`
+and run the single-trace rules on it, returning only the summary and the findings. Across
+ranks (the reduce, on the driver): the job-scope rules (TQ4xx) over the combined frames.
+A rank's findings carry `evidence["rank"]` and say their rank in the message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from traceq.analyze import ConfigLike, as_config
+from traceq.job.job import Job, JobFrames, reduce_summaries
+from traceq.job.summary import summarize
+from traceq.rules.finding import Finding
+from traceq.rules.jobs import run_job_rules
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from traceq.job.engine import Task
+    from traceq.rules.config import Config
+
+
+@dataclass
+class JobAnalysis:
+    """Findings across the job (TQ4xx) and per rank, with the frames they rest on."""
+
+    findings: list[Finding]
+    frames: JobFrames
+    notes: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def job_findings(self) -> list[Finding]:
+        return [f for f in self.findings if "rank" not in f.evidence or f.rule.startswith("TQ4")]
+
+
+def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
+    """The map step: one rank's summary and its single-trace findings (as plain dicts)."""
+    from traceq.loader.load import load
+    from traceq.rules.engine import run
+
+    trace = load(task.path)
+    summary = summarize(trace, task.rank, task.rank_source)
+    findings = []
+    for finding in run(trace, config).findings:
+        finding.evidence["rank"] = task.rank
+        finding.message = f"rank {task.rank}: {finding.message}"
+        findings.append(finding.to_dict())
+    return summary, findings
+
+
+def analyze_job(
+    job: Job,
+    select: Sequence[str] | str | None = None,
+    ignore: Sequence[str] | str | None = None,
+    config: ConfigLike = None,
+    *,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> JobAnalysis:
+    """Run the selected rules over `job`: single-trace rules per rank (mapped), job rules
+    across ranks (reduced). Selection and thresholds as in `traceq.analyze`."""
+    from traceq.analyze import _codes
+
+    merged = as_config(config).merged(
+        select=_codes(select),
+        ignore=_codes(ignore) or (),
+        options={str(k): dict(v) for k, v in (options or {}).items()},
+    )
+    outcomes = job.map(rank_work, merged)
+    summaries = [o.value[0] for o in outcomes if o.error is None]
+    per_rank = [Finding.from_dict(d) for o in outcomes if o.error is None for d in o.value[1]]
+    frames = reduce_summaries(summaries, job.align)
+    job.__dict__["frames"] = frames
+    findings, timings = run_job_rules(frames, merged)
+    everything = findings + per_rank
+    everything.sort(key=lambda f: (-f.est_saving_us, -f.time_us, f.rule, f.step or 0))
+    return JobAnalysis(everything, frames, job.notes(), timings)

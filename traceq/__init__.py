@@ -22,16 +22,18 @@ __all__ = [
     "TraceTooLargeError",
     "__version__",
     "analyze",
+    "analyze_job",
     "check",
     "diff",
     "load",
+    "load_job",
     "report",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """`traceq.diff` / `traceq.check` / `traceq.report` without importing the regression stack
-    (or plotly) at import."""
+    """`traceq.diff`, `traceq.check`, `traceq.report`, `traceq.load_job`: their stacks (the
+    regression stack, plotly, jobs) are imported when used."""
     if name in ("diff", "check", "save_baseline", "load_baseline"):
         import traceq.regression as regression
 
@@ -40,4 +42,12 @@ def __getattr__(name: str) -> object:
         from traceq.reports.html import report
 
         return report
+    if name in ("load_job", "Job"):
+        import traceq.job as job
+
+        return getattr(job, name)
+    if name == "analyze_job":
+        from traceq.job_analysis import analyze_job
+
+        return analyze_job
     raise AttributeError(f"module 'traceq' has no attribute {name!r}")

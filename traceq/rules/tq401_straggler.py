@@ -13,7 +13,10 @@ from traceq.rules.finding import Finding
 from traceq.rules.jobs import JobContext
 
 DATA_LOADING = r"(?i)dataloader|_next_data|enumerate\("
-HOST_SYNC = r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize)$|^aten::(item|_local_scalar_dense)$"
+HOST_SYNC = (
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize)$"
+    r"|^aten::(item|_local_scalar_dense)$"
+)
 
 
 @rule(
@@ -101,19 +104,22 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
         total_us = float(rows["caused_ns"].sum()) / US
         top = _most_specific(where)
         reason = (
-            f"; its extra time goes to {top['kind']} ({top['name']}: +{top['extra_us']:,.0f} µs per step)"
+            f"; its extra time goes to {top['kind']} "
+            f"({top['name']}: +{top['extra_us']:,.0f} µs per step)"
             if top
             else ""
         )
         yield ctx.finding(
             message=(
-                f"rank {rank} is the last to arrive in {rows.height} of {steps} steps: the other "
-                f"ranks wait {mean_ns / US:,.0f} µs per step for it ({share:.0%} of the step){reason}"
+                f"rank {rank} is the last to arrive in {rows.height} of {steps} steps: the "
+                f"other ranks wait {mean_ns / US:,.0f} µs per step for it ({share:.0%} of the "
+                f"step){reason}"
             ),
             time_us=total_us,
             est_saving_us=total_us,
             saving_model=(
-                f"mean wait of the other ranks, {mean_ns / US:,.0f} µs per step × {rows.height} steps"
+                f"mean wait of the other ranks, {mean_ns / US:,.0f} µs per step × "
+                f"{rows.height} steps"
             ),
             fix=(
                 "Remove the straggler's extra work (data loading, host syncs, extra compute) or "

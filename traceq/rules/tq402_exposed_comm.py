@@ -92,8 +92,8 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
         )
         yield ctx.finding(
             message=(
-                f"rank {row['rank']}: {row['exposed_comm_ns'] / US / n:,.0f} µs of communication per "
-                f"step runs with no compute beside it ({share:.0%} of the step); "
+                f"rank {row['rank']}: {row['exposed_comm_ns'] / US / n:,.0f} µs of communication "
+                f"per step runs with no compute beside it ({share:.0%} of the step); "
                 f"{saving / n:,.0f} µs of it could overlap"
             ),
             time_us=row["exposed_comm_ns"] / US,

@@ -96,7 +96,7 @@ def imbalanced_collective(ctx: JobContext) -> Iterator[Finding]:
             time_us=row["time_ns"] / US,
             est_saving_us=saving,
             saving_model="Σ (slowest rank's active time − median rank's) over the calls",
-            fix="Balance what each rank sends (splits, shards, experts); check the slow rank's link.",
+            fix="Balance what each rank sends (splits, shards, experts); check the slow link.",
             evidence={
                 "process_group": row["pg"],
                 "collective": row["collective"],

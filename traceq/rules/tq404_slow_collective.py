@@ -108,7 +108,7 @@ def slow_collective(ctx: JobContext) -> Iterator[Finding]:
             time_us=row["transfer_ns"] / US,
             est_saving_us=saving,
             saving_model="Σ transfer time × (1 − busbw / best busbw of the size class)",
-            fix="Check NCCL's algorithm/protocol and topology, and competing traffic at those times.",
+            fix="Check NCCL's algorithm/protocol and topology, and competing traffic then.",
             evidence={
                 "process_group": row["pg"],
                 "collective": row["collective"],

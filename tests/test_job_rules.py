@@ -1,0 +1,114 @@
+"""TQ4xx on real jobs: the recorded gloo DDP job with rank 2 slowed by a 40 ms sleep in its
+forward (and the same job with no rank slowed), and HTA's real NCCL ranks."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import traceq
+from traceq.rules.catalogue import RULES
+
+REPO = Path(__file__).resolve().parent.parent
+JOBS = REPO / "fixtures" / "jobs"
+HTA = REPO.parent / "shared" / "traces" / "hta" / "tests" / "data"
+needs_shared = pytest.mark.skipif(not HTA.is_dir(), reason="../shared/traces is not here")
+
+
+def manifest(name: str) -> dict:
+    return json.loads((JOBS / name / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def slow():
+    return traceq.analyze_job(traceq.load_job(JOBS / "ddp_gloo_slow2", engine="serial"))
+
+
+@pytest.fixture(scope="module")
+def balanced():
+    return traceq.analyze_job(traceq.load_job(JOBS / "ddp_gloo_balanced", engine="serial"))
+
+
+def test_tq4_rules_are_job_rules_documented_like_the_others():
+    codes = {r.code: r for r in RULES if r.code.startswith("TQ4")}
+    assert sorted(codes) == ["TQ401", "TQ402", "TQ403", "TQ404"]
+    for rule in codes.values():
+        assert rule.scope == "job"
+        for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead"):
+            assert section in rule.doc
+
+
+def test_straggler_names_the_slowed_rank_and_the_wait_it_causes(slow):
+    info = manifest("ddp_gloo_slow2")
+    (finding,) = [f for f in slow.findings if f.rule == "TQ401"]
+    assert finding.evidence["rank"] == info["slow_rank"] == 2
+    assert finding.evidence["steps"] == info["profiled_steps"]
+    # The others wait about the injected delay per step (plus the slow rank's other noise).
+    for wait_us in finding.evidence["wait_us_per_step"]:
+        assert 0.8 * info["delay_ms"] * 1e3 <= wait_us <= 1.6 * info["delay_ms"] * 1e3
+    where = finding.evidence["extra_time"]
+    sleep = next(w for w in where if w["name"] == "slow_rank_sleep")
+    assert sleep["extra_us"] == pytest.approx(info["delay_ms"] * 1e3, rel=0.1)
+    assert "slow_rank_sleep" in finding.message and "rank 2" in finding.message
+    # Evidence event ids are rank 2's own gloo collectives.
+    with gzip.open(JOBS / "ddp_gloo_slow2" / "rank-2.pt.trace.json.gz") as f:
+        doc = json.loads(f.read())
+    names = {doc["traceEvents"][e]["name"] for e in finding.evidence["events"][2]}
+    assert names == {"gloo:all_reduce"}
+    assert finding.est_saving_us == pytest.approx(sum(finding.evidence["wait_us_per_step"]))
+
+
+def test_no_straggler_when_no_rank_is_slowed(balanced):
+    assert manifest("ddp_gloo_balanced")["slow_rank"] is None
+    assert [f for f in balanced.findings if f.rule == "TQ401"] == []
+
+
+def test_slowed_rank_waits_least(slow):
+    calls = slow.frames.collectives
+    waits = calls.group_by("rank").agg(pl.col("wait_ns").sum()).sort("rank")["wait_ns"].to_list()
+    assert waits[2] == min(waits) == 0
+    assert set(calls["last_rank"]) == {2}
+
+
+@needs_shared
+def test_slow_collective_against_the_best_of_its_size_class():
+    job = traceq.load_job(HTA / "nccl_parser_config", engine="serial")
+    result = traceq.analyze_job(job, select=["TQ404"])
+    calls = job.frames.collectives.with_columns(
+        pl.col("bytes").log(2).floor().cast(pl.Int64).alias("cls")
+    )
+    for finding in result.findings:
+        ev = finding.evidence
+        cls = calls.filter(
+            (pl.col("collective") == ev["collective"])
+            & (pl.col("cls") == ev["size_class_bytes"].bit_length() - 1)
+        )
+        assert cls.height >= 3
+        assert ev["best_busbw_gbs"] == pytest.approx(cls["busbw_gbs"].max())
+        assert ev["busbw_gbs"] < 0.5 * ev["best_busbw_gbs"]
+    assert result.findings, "nccl_parser_config has allreduces at a third of their best busbw"
+
+
+@needs_shared
+def test_exposed_comm_of_the_ddp_rank():
+    job = traceq.load_job(HTA / "df_index_resolver", engine="serial")
+    (finding,) = traceq.analyze_job(job, select=["TQ402"]).findings
+    breakdown = job.frames.breakdown
+    assert finding.evidence["rank"] == 1
+    assert finding.evidence["exposed_us"] == pytest.approx(breakdown["exposed_comm_ns"].sum() / 1e3)
+
+
+def test_per_rank_rules_run_in_the_map_and_say_their_rank(slow):
+    per_rank = [f for f in slow.findings if not f.rule.startswith("TQ4")]
+    assert per_rank, "the CPU MLP has single-trace findings (e.g. TQ102 Linear+GELU)"
+    assert {f.evidence["rank"] for f in per_rank} == {0, 1, 2, 3}
+    assert all(f.message.startswith(f"rank {f.evidence['rank']}: ") for f in per_rank)
+
+
+def test_single_trace_analysis_skips_job_rules():
+    trace = traceq.load(JOBS / "ddp_gloo_slow2" / "rank-0.pt.trace.json.gz")
+    assert not [f for f in traceq.analyze(trace) if f.rule.startswith("TQ4")]

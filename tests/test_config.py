@@ -48,7 +48,7 @@ def test_default_selects_every_rule() -> None:
         (("TQ1",), (), ["TQ101", "TQ102", "TQ103", "TQ104", "TQ105"]),
         (("TQ20",), (), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ205", "TQ206", "TQ207"]),
         (("TQ201", "TQ3"), (), ["TQ201", "TQ301", "TQ302"]),
-        (None, ("TQ1", "TQ2"), ["TQ301", "TQ302"]),
+        (None, ("TQ1", "TQ2"), ["TQ301", "TQ302", "TQ401", "TQ402", "TQ403", "TQ404"]),
         (("TQ2",), ("TQ205",), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206", "TQ207"]),
         # the more specific selector wins, like ruff: ignore TQ2 but select TQ201
         (("ALL", "TQ201"), ("TQ2",), [c for c in ALL if not c.startswith("TQ2")] + ["TQ201"]),

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from traceq.cli.common import load, output_path, progress, split_codes, trace_argument, writing
+from traceq.cli import jobs
+from traceq.cli.common import load, output_path, progress, split_codes, traces_argument, writing
 
 from traceq.analyze import analysis
 from traceq.reports import FORMATS, Report, build_report, render
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@trace_argument
+@traces_argument
 @click.option("--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)")
 @click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")
 @click.option(
@@ -60,8 +61,9 @@ if TYPE_CHECKING:
     help="prove each fusion finding's fix: record the split and the zoo's fused version at "
     "its shapes and show the rule is gone (needs torch; slow on a CPU)",
 )
+@jobs.job_options
 def analyze(
-    trace: str,
+    trace: tuple[str, ...],
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     options: tuple[str, ...],
@@ -71,16 +73,38 @@ def analyze(
     config_path: str | None,
     no_config: bool,
     check_fixes: bool,
+    engine: str,
+    address: str | None,
+    workers: int | None,
 ) -> None:
     """Find fusion opportunities and overhead in TRACE, with evidence and estimated savings.
 
     Rules and thresholds come from `[tool.traceq]` in the nearest pyproject.toml (or a
     traceq.toml) above TRACE, then from the command line. See `traceq rules`.
+
+    TRACE may be a job (a directory, a glob, several files): each rank's rules run per
+    rank, and the cross-rank rules (TQ4xx: stragglers, exposed and slow collectives) once.
     """
-    config = _config(trace, config_path, no_config)
+    config = _config(trace[0], config_path, no_config)
     parsed = parse_options(options)  # bad syntax fails before the (slow) load
+    if jobs.is_job(trace):
+        found = jobs.analyze(
+            trace,
+            select=split_codes(select) or None,
+            ignore=split_codes(ignore),
+            config=config,
+            options=parsed,
+            fmt=fmt,
+            output=output,
+            render_options=_render_options(fmt, output),
+            engine=engine,
+            address=address,
+            workers=workers,
+        )
+        _fail_on(found, fail_on or config.fail_on)
+        return
     verify_groups = _fix_checker() if check_fixes else None
-    loaded = load(trace)
+    loaded = load(trace[0])
     with progress("Analyzing ..."):
         result = analysis(
             loaded,
@@ -98,12 +122,16 @@ def analyze(
             Path(output).write_text(text, encoding="utf-8")
     else:
         click.echo(text, nl=not text.endswith("\n"))
-    threshold = fail_on or config.fail_on
+    _fail_on(report.findings, fail_on or config.fail_on)
+
+
+def _fail_on(findings: list[Any], threshold: str | None) -> None:
+    """Exit 1 when a finding is at or above `threshold`."""
     if threshold is not None:
         if threshold not in SEVERITIES:
             raise ConfigError(f"fail-on must be one of {', '.join(SEVERITIES)}, not {threshold!r}")
         worst = SEVERITIES.index(threshold)
-        if any(f.severity_rank >= worst for f in report.findings):
+        if any(f.severity_rank >= worst for f in findings):
             sys.exit(1)
 
 

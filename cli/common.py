@@ -21,6 +21,8 @@ FORMAT = click.Choice(["text", "json"])
 # Any path: a directory or a missing file is the library's to report (one line, exit 2),
 # where click would print a usage block.
 trace_argument = click.argument("trace", type=click.Path())
+# A trace, or a job: a directory, a glob pattern, or several files (one per rank).
+traces_argument = click.argument("trace", nargs=-1, required=True, type=click.Path())
 
 
 class OutputError(TraceError):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import FORMAT, echo_json, load, trace_argument
+from traceq.cli import jobs
+from traceq.cli.common import FORMAT, echo_json, load, traces_argument
 
 from traceq import TraceError
 from traceq.relations import critical_path as paths
@@ -24,7 +25,7 @@ LABELS = {
 
 
 @click.command("critical-path")
-@trace_argument
+@traces_argument
 @click.option("--step", type=int, help="A ProfilerStep number.")
 @click.option("--annotation", help="An annotation (record_function) or op name.")
 @click.option("--instance", type=int, default=0, show_default=True, help="Which annotation.")
@@ -33,19 +34,27 @@ LABELS = {
 )
 @click.option("--top", "top_n", type=int, default=10, show_default=True)
 @click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
+@jobs.job_options
 def critical_path(
-    trace: str,
+    trace: tuple[str, ...],
     step: int | None,
     annotation: str | None,
     instance: int,
     window: tuple[int, int] | None,
     top_n: int,
     fmt: str,
+    engine: str,
+    address: str | None,
+    workers: int | None,
 ) -> None:
     """Show the critical path of TRACE (the whole trace, a step, an annotation or a
-    window): its length, what it is made of, and the events with most time on it."""
+    window): its length, what it is made of, and the events with most time on it.
+
+    TRACE may be a job (a directory, a glob, several files): one path per rank."""
     region = region_of(step, annotation, instance, window)
-    path = paths.critical_path(load(trace), region)
+    if jobs.is_job(trace):
+        return jobs.critical_path(trace, region, top_n, fmt, engine, address, workers)
+    path = paths.critical_path(load(trace[0]), region)
     data = path.to_dict(top=top_n)
     if fmt == "json":
         echo_json(data)

@@ -5,22 +5,31 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import FORMAT, echo_json, load, trace_argument
+from traceq.cli import jobs
+from traceq.cli.common import FORMAT, echo_json, load, traces_argument
 
 from traceq.reports.summary import summary
 
 
 @click.command()
-@trace_argument
+@traces_argument
 @click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
-def info(trace: str, fmt: str) -> None:
-    """Show what TRACE holds: events by category, ops, kernels, steps, devices, links."""
-    data = summary(load(trace))
+@jobs.job_options
+def info(
+    trace: tuple[str, ...], fmt: str, engine: str, address: str | None, workers: int | None
+) -> None:
+    """Show what TRACE holds: events by category, ops, kernels, steps, devices, links.
+
+    TRACE may be a job (a directory, a glob, several files): ranks, process groups, the
+    per-rank step breakdown, collectives and clock alignment."""
+    if jobs.is_job(trace):
+        return jobs.info(trace, fmt, engine, address, workers)
+    data = summary(load(trace[0]))
     if fmt == "json":
         echo_json(data)
         return
     console = Console()
-    table = Table(title=trace, show_header=False, title_justify="left")
+    table = Table(title=trace[0], show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     rows = [

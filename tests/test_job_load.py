@@ -120,5 +120,5 @@ def test_gpu_and_non_gpu_ranks_and_mixed_schemas_load(tmp_path):
     )
     assert ranks == {0: False, 1: True, 5: True}
     notes = job.notes()
-    assert "rank 0: no GPU activity; measured on the host" in notes
+    assert "no GPU activity in rank 0: measured on the host" in notes
     assert "mixed schemas across ranks: kineto, kineto-2021" in notes

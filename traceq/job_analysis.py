@@ -32,6 +32,8 @@ class JobAnalysis:
     frames: JobFrames
     notes: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    devices: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rules_run: list[str] = field(default_factory=list)
 
     @property
     def job_findings(self) -> list[Finding]:
@@ -45,8 +47,11 @@ def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
 
     trace = load(task.path)
     summary = summarize(trace, task.rank, task.rank_source)
+    analysis = run(trace, config)
+    summary.extra["device"] = analysis.device.to_dict()
+    summary.extra["rules"] = [r.code for r in analysis.rules]
     findings = []
-    for finding in run(trace, config).findings:
+    for finding in analysis.findings:
         finding.evidence["rank"] = task.rank
         finding.message = f"rank {task.rank}: {finding.message}"
         findings.append(finding.to_dict())
@@ -78,4 +83,6 @@ def analyze_job(
     findings, timings = run_job_rules(frames, merged)
     everything = findings + per_rank
     everything.sort(key=lambda f: (-f.est_saving_us, -f.time_us, f.rule, f.step or 0))
-    return JobAnalysis(everything, frames, job.notes(), timings)
+    devices = {s.rank: s.extra["device"] for s in summaries}
+    ran = {code for s in summaries for code in s.extra["rules"]} | set(timings)
+    return JobAnalysis(everything, frames, job.notes(), timings, devices, sorted(ran))

@@ -78,6 +78,10 @@ def reduce_summaries(summaries: list[RankSummary], align: str = "auto") -> JobFr
         },
         schema_overrides={"rank": pl.Int64},
     )
+    hostonly = ranks.filter(~pl.col("has_gpu"))["rank"].to_list()
+    if hostonly:
+        which = "every rank" if len(hostonly) == ranks.height else _ranks_text(hostonly)
+        problems.append(f"no GPU activity in {which}: measured on the host")
     schemas = sorted(set(ranks["schema"].to_list()))
     if len(schemas) > 1:
         problems.append(f"mixed schemas across ranks: {', '.join(schemas)}")
@@ -101,6 +105,11 @@ def reduce_summaries(summaries: list[RankSummary], align: str = "auto") -> JobFr
         step_ns=stack("step_ns"),
         problems=problems,
     )
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
 
 
 def _alignment(calls: pl.DataFrame, ranks: pl.DataFrame, align: str) -> pl.DataFrame:

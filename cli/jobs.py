@@ -1,0 +1,247 @@
+"""The job side of the commands that take a TRACE: a directory, a glob or several files.
+
+Each command keeps its single-trace path; when its TRACE arguments name a job
+(`is_job`), it hands over to the function here of the same name, which loads the job,
+runs the library's map and reduce, and renders. Options shared by every job command:
+`--engine local|serial|ray`, `--address` (a Ray cluster) and `--workers`.
+"""
+
+from __future__ import annotations
+
+import glob
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+from traceq.cli.common import echo_json, progress
+
+from traceq.job import Job, load_job
+from traceq.job.engine import ENGINES
+
+
+def job_options(command: Any) -> Any:
+    """`--engine`, `--address`, `--workers`: where a job's per-rank work runs."""
+    command = click.option(
+        "--workers", type=click.IntRange(min=1), help="job: processes (default: by cores, memory)"
+    )(command)
+    command = click.option("--address", help="job: a Ray cluster's address (--engine ray)")(command)
+    return click.option(
+        "--engine",
+        type=click.Choice(ENGINES),
+        default="local",
+        show_default=True,
+        help="job: where per-rank work runs (local processes, this process, or Ray)",
+    )(command)
+
+
+def is_job(paths: tuple[str, ...]) -> bool:
+    """Several paths, a directory, or a glob pattern: a job, not one trace."""
+    return len(paths) > 1 or any(Path(p).is_dir() or glob.has_magic(p) for p in paths)
+
+
+def open_job(paths: tuple[str, ...], engine: str, address: str | None, workers: int | None) -> Job:
+    source: Any = list(paths) if len(paths) > 1 else paths[0]
+    return load_job(source, engine=engine, address=address, workers=workers)
+
+
+def _span(ranks: list[int]) -> str:
+    """`ranks 0..127` for a contiguous run, else the list (cut after 16)."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}..{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+
+
+def _us(ns: float | None) -> str:
+    return f"{(ns or 0) / 1e3:,.1f}"
+
+
+def info(paths: tuple[str, ...], fmt: str, engine: str, address: str | None, workers: int | None):
+    """`traceq info DIR`: ranks, world size, process groups, per-rank step breakdown,
+    collectives, clock alignment, and every oddity of the job."""
+    job = open_job(paths, engine, address, workers)
+    with progress(f"Loading {len(job.files)} ranks ..."):
+        frames = job.frames
+    per_rank = (
+        frames.breakdown.group_by("rank")
+        .agg(
+            pl.len().alias("steps"),
+            *(
+                pl.col(c).mean()
+                for c in ("span_ns", "compute_ns", "comm_ns", "memcpy_ns", "idle_ns")
+            ),
+            pl.col("exposed_comm_ns").mean(),
+            pl.col("on").first(),
+        )
+        .sort("rank")
+        if frames.breakdown.height
+        else pl.DataFrame()
+    )
+    calls = frames.collectives
+    data = {
+        "ranks": frames.ranks.to_dicts(),
+        "world_size": job.world_size,
+        "missing_ranks": job.missing_ranks,
+        "process_groups": job.process_groups.to_dicts(),
+        "breakdown_per_step": per_rank.to_dicts(),
+        "collectives": calls["instance"].n_unique() if calls.height else 0,
+        "collective_calls": calls.height,
+        "alignment": frames.alignment.to_dicts(),
+        "step_time": frames.step_time.to_dicts() if frames.step_ns.height else [],
+        "notes": job.notes(),
+    }
+    if fmt == "json":
+        echo_json(data)
+        return
+    console = Console()
+    shown = job.paths[0] if len(job.paths) == 1 else f"{len(job.paths)} files"
+    console.print(
+        f"[bold]job[/] {paths[0] if len(paths) == 1 else shown}: {len(job.files)} ranks of "
+        f"{job.world_size}; {data['collectives']:,} collectives matched "
+        f"({data['collective_calls']:,} calls)"
+    )
+    for pg in data["process_groups"]:
+        console.print(f"process group {pg['pg']} ({pg['desc'] or '?'}): {_span(pg['ranks'])}")
+    table = Table(title="per rank, mean per step (us)", title_justify="left")
+    for name in ("rank", "from", "on", "steps", "step", "compute", "comm", "exposed", "memcpy"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("idle", justify="right", no_wrap=True)
+    table.add_column("offset", justify="right", no_wrap=True)
+    sources = job.rank_sources
+    offsets = dict(
+        zip(
+            frames.alignment["rank"].to_list(),
+            frames.alignment["applied_ns"].to_list(),
+            strict=True,
+        )
+    )
+    for row in per_rank.iter_rows(named=True):
+        table.add_row(
+            str(row["rank"]),
+            sources.get(row["rank"], "?"),
+            row["on"],
+            str(row["steps"]),
+            _us(row["span_ns"]),
+            _us(row["compute_ns"]),
+            _us(row["comm_ns"]),
+            _us(row["exposed_comm_ns"]),
+            _us(row["memcpy_ns"]),
+            _us(row["idle_ns"]),
+            _us(offsets.get(row["rank"], 0)),
+        )
+    console.print(table)
+    for note in data["notes"]:
+        console.print(f"note: {note}", highlight=False)
+
+
+def analyze(
+    paths: tuple[str, ...],
+    *,
+    select: list[str] | None,
+    ignore: list[str],
+    config: Any,
+    options: dict[str, dict[str, Any]],
+    fmt: str,
+    output: str | None,
+    render_options: dict[str, object],
+    engine: str,
+    address: str | None,
+    workers: int | None,
+) -> list[Any]:
+    """`traceq analyze DIR`: per-rank rules (mapped) and TQ4xx across ranks, one report.
+    Returns the findings (the caller applies --fail-on)."""
+    from traceq.job_analysis import analyze_job
+    from traceq.reports import render
+    from traceq.reports.model import Report, group_findings
+    from traceq.rules.engine import discover
+
+    job = open_job(paths, engine, address, workers)
+    with progress(f"Analyzing {len(job.files)} ranks ..."):
+        result = analyze_job(job, select=select, ignore=ignore, config=config, options=options)
+    devices = list(result.devices.values())
+    device = devices[0] if devices else _cpu_device()
+    ranks = result.frames.ranks
+    info = {
+        "path": str(paths[0]) if len(paths) == 1 else ", ".join(paths),
+        "schema": ", ".join(sorted(set(ranks["schema"].to_list()))) or "none",
+        "events": int(ranks["events"].sum() or 0),
+        "duration_us": 0.0,
+        "ops": 0,
+        "kernels": 0,
+        "steps": sorted(set(result.frames.step_ns["step"].to_list()))
+        if result.frames.step_ns.height
+        else [],
+        "rank": None,
+        "ranks": ranks["rank"].to_list(),
+        "world_size": job.world_size,
+    }
+    rules = [r for r in discover().rules if r.code in result.rules_run]
+    report = Report(
+        source=info["path"],
+        trace=info,
+        device=device,
+        findings=result.findings,
+        groups=group_findings(result.findings),
+        rules=rules,
+        problems=result.notes,
+    )
+    text = render(report, fmt, **render_options)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+    return result.findings
+
+
+def _cpu_device() -> dict[str, Any]:
+    from traceq.rules.device import cpu_model
+
+    return cpu_model().to_dict()
+
+
+def _critical_path_task(task: Any, region: Any, top: int) -> dict[str, Any]:
+    from traceq.loader.load import load
+    from traceq.relations.critical_path import critical_path
+
+    return critical_path(load(task.path), region).to_dict(top=top)
+
+
+def critical_path(
+    paths: tuple[str, ...],
+    region: Any,
+    top_n: int,
+    fmt: str,
+    engine: str,
+    address: str | None,
+    workers: int | None,
+) -> None:
+    """`traceq critical-path DIR`: each rank's critical path (mapped), longest first."""
+    job = open_job(paths, engine, address, workers)
+    with progress(f"Critical paths of {len(job.files)} ranks ..."):
+        outcomes = job.map(_critical_path_task, region, top_n)
+    per_rank = {o.rank: o.value for o in outcomes if o.error is None}
+    if fmt == "json":
+        echo_json({"ranks": per_rank, "notes": job.notes()})
+        return
+    from traceq.cli.critical_path import LABELS
+
+    console = Console()
+    table = Table(title="critical path per rank", title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("length us", justify="right")
+    table.add_column("main causes")
+    for rank, data in sorted(per_rank.items(), key=lambda kv: -kv[1]["length_us"]):
+        causes = sorted(data["breakdown_pct"].items(), key=lambda kv: -kv[1])[:3]
+        table.add_row(
+            str(rank),
+            f"{data['length_us']:,.1f}",
+            ", ".join(f"{LABELS.get(c, c)} {p:.0f}%" for c, p in causes),
+        )
+    console.print(table)
+    for note in job.notes():
+        console.print(f"note: {note}", highlight=False)
+    if not per_rank:
+        sys.exit(2)

@@ -1,0 +1,73 @@
+"""`traceq info|analyze|critical-path` on a job: a directory, a glob, or several files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+from traceq.cli.main import main
+
+REPO = Path(__file__).resolve().parent.parent
+SLOW_JOB = REPO / "fixtures" / "jobs" / "ddp_gloo_slow2"
+
+
+def invoke(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_info_on_a_directory_lists_ranks_groups_and_breakdown():
+    code, out, _ = invoke("info", SLOW_JOB, "--format", "json", "--engine", "serial")
+    assert code == 0
+    data = json.loads(out)
+    assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
+    assert data["world_size"] == 4 and data["missing_ranks"] == []
+    assert data["process_groups"][0]["ranks"] == [0, 1, 2, 3]
+    assert data["collectives"] == 8 and data["collective_calls"] == 32
+    assert {r["rank"] for r in data["breakdown_per_step"]} == {0, 1, 2, 3}
+    code, out, _ = invoke("info", SLOW_JOB)
+    assert code == 0 and "4 ranks of 4" in out and "ranks 0..3" in out
+
+
+def test_analyze_a_directory_names_the_straggler_and_fails_on_warning():
+    code, out, _ = invoke("analyze", SLOW_JOB, "--select", "TQ401", "--fail-on", "warning")
+    assert code == 1
+    assert "TQ401 straggler" in out and "rank 2 is the last to arrive in 4 of 4 steps" in out
+    code, out, _ = invoke(
+        "analyze", SLOW_JOB, "--select", "TQ401", "--format", "json", "--engine", "serial"
+    )
+    data = json.loads(out)
+    assert code == 0 and [f["evidence"]["rank"] for f in data["findings"]] == [2]
+    assert data["summary"]["rules_run"] == ["TQ401"]
+
+
+def test_several_files_and_a_glob_are_jobs_too():
+    files = sorted(SLOW_JOB.glob("rank-*.json.gz"))
+    code, out, _ = invoke("info", *files[:2], "--format", "json", "--engine", "serial")
+    assert code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [0, 1]
+    code, out, _ = invoke("info", SLOW_JOB / "rank-[23]*", "--format", "json")
+    assert code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [2, 3]
+
+
+def test_critical_path_per_rank():
+    code, out, _ = invoke("critical-path", SLOW_JOB, "--step", "3", "--format", "json")
+    assert code == 0
+    ranks = json.loads(out)["ranks"]
+    assert sorted(ranks) == ["0", "1", "2", "3"]
+    assert all(r["length_us"] > 0 for r in ranks.values())
+
+
+def test_a_corrupt_rank_is_a_note_not_a_traceback(tmp_path):
+    for rank in (0, 1):
+        shutil.copy(SLOW_JOB / f"rank-{rank}.pt.trace.json.gz", tmp_path)
+    (tmp_path / "rank-2.pt.trace.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    code, out, err = invoke("analyze", tmp_path, "--select", "TQ4")
+    assert code == 0 and "Traceback" not in out + err
+    assert "rank 2: " in out and "truncated gzip stream" in out
+
+
+def test_an_empty_directory_is_one_error_line(tmp_path):
+    code, _, err = invoke("info", tmp_path)
+    assert code == 2 and err.startswith("traceq: error: ") and len(err.splitlines()) == 1

@@ -11,6 +11,7 @@ measured peak.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -135,5 +136,6 @@ def _ray_get(ray: Any, ref: Any, tasks: Sequence[Task], index: int) -> Outcome:
         return ray.get(ref)
     except Exception as exc:  # a worker died: name the rank, in one line
         rank = tasks[index].rank
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
         return Outcome(rank, error=f"rank {rank}: Ray task failed: {first}")

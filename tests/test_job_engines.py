@@ -1,0 +1,83 @@
+"""The per-rank map gives identical results in this process, in a pool of local processes
+and on a real local Ray cluster; the pool is sized by cores and free memory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from polars.testing import assert_frame_equal
+
+import traceq
+from traceq.job.engine import PEAK_PER_BYTE, Task, free_memory_bytes, map_ranks, pool_size
+from traceq.job.job import summarize_task
+
+REPO = Path(__file__).resolve().parent.parent
+SLOW_JOB = REPO / "fixtures" / "jobs" / "ddp_gloo_slow2"
+FRAMES = ("ranks", "breakdown", "kernel_types", "collectives", "alignment", "ranges", "step_ns")
+
+
+def analysis(engine: str, **options):
+    job = traceq.load_job(SLOW_JOB, engine=engine, **options)
+    return job, traceq.analyze_job(job)
+
+
+def assert_same(a, b) -> None:
+    (_, left), (_, right) = a, b
+    for name in FRAMES:
+        assert_frame_equal(getattr(left.frames, name), getattr(right.frames, name))
+    assert [f.to_dict() for f in left.findings] == [f.to_dict() for f in right.findings]
+
+
+@pytest.fixture(scope="module")
+def serial():
+    return analysis("serial")
+
+
+def test_local_processes_match_serial(serial):
+    assert_same(serial, analysis("local", workers=2))
+
+
+def test_pool_is_sized_by_cores_ranks_and_memory():
+    tasks = [Task(str(i), i, "order", size_bytes=1 << 20) for i in range(64)]
+    cores = len(os.sched_getaffinity(0))
+    assert pool_size(tasks) == min(cores, 64)
+    huge = [Task("x", 0, "order", size_bytes=free_memory_bytes() // PEAK_PER_BYTE * 2)] * 4
+    assert pool_size(huge) == 1  # two of them would not fit in memory
+    assert pool_size(tasks, workers=3) == 3
+
+
+def _fail_on_odd(task: Task) -> int:
+    if task.rank % 2:
+        raise traceq.TraceFormatError("not a trace", source=task.path)
+    return task.rank
+
+
+def test_a_failing_rank_is_its_own_error_line():
+    tasks = [Task(f"r{i}.json", i, "order") for i in range(4)]
+    outcomes = map_ranks(_fail_on_odd, tasks, engine="local", workers=2)
+    assert [o.value for o in outcomes] == [0, None, 2, None]
+    assert [o.error for o in outcomes] == [
+        None, "rank 1: r1.json: not a trace", None, "rank 3: r3.json: not a trace"
+    ]  # fmt: skip
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        map_ranks(_fail_on_odd, [], engine="dask")
+
+
+@pytest.mark.slow
+def test_ray_local_cluster_matches_serial(serial):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'traceq[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray_run = analysis("ray")
+        assert_same(serial, ray_run)
+        tasks = [Task(str(SLOW_JOB / "rank-0.pt.trace.json.gz"), 0, "o"), Task("gone.json", 1, "o")]
+        outcomes = map_ranks(summarize_task, tasks, engine="ray")
+        assert outcomes[0].error is None and outcomes[0].value.rank == 0
+        assert outcomes[1].error == "rank 1: gone.json: no such file"
+    finally:
+        ray.shutdown()

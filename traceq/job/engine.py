@@ -41,16 +41,27 @@ class Outcome:
     rank: int
     value: Any = None
     error: str | None = None
+    peak_rss_mb: float = 0.0  # the process's peak RSS after this rank (workers report theirs)
 
 
 def run_task(fn: Callable[..., Any], task: Task, args: tuple[Any, ...]) -> Outcome:
     """Run `fn` for one rank; bad input becomes that rank's error line, never a crash."""
     try:
-        return Outcome(task.rank, fn(task, *args))
+        outcome = Outcome(task.rank, fn(task, *args))
     except TraceError as exc:
-        return Outcome(task.rank, error=f"rank {task.rank}: {exc}")
+        outcome = Outcome(task.rank, error=f"rank {task.rank}: {exc}")
     except MemoryError:
-        return Outcome(task.rank, error=f"rank {task.rank}: {task.path}: out of memory")
+        outcome = Outcome(task.rank, error=f"rank {task.rank}: {task.path}: out of memory")
+    outcome.peak_rss_mb = _peak_rss_mb()
+    return outcome
+
+
+def _peak_rss_mb() -> float:
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return 0.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def free_memory_bytes() -> int:

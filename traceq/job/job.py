@@ -160,6 +160,7 @@ class Job:
         self.files, self.problems = rank_files(self.paths)
         self.engine, self.workers, self.address, self.align = engine, workers, address, align
         self._traces: dict[int, Trace] = {}
+        self.worker_peak_rss_mb = 0.0
         self.failed: dict[int, str] = {}
 
     # -- what the heads say ---------------------------------------------------------------
@@ -240,6 +241,7 @@ class Job:
         outcomes = map_ranks(
             fn, self.tasks(), args, engine=self.engine, workers=self.workers, address=self.address
         )
+        self.worker_peak_rss_mb = max((o.peak_rss_mb for o in outcomes), default=0.0)
         for outcome in outcomes:
             if outcome.error:
                 self.failed[outcome.rank] = outcome.error

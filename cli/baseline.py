@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from traceq.cli import jobs
 from traceq.cli.common import load, output_path, trace_argument, writing
 
 from traceq.regression.baseline import save_baseline
@@ -31,7 +32,12 @@ def baseline() -> None:
 )
 def save(trace: str, output: str, findings: bool | None) -> None:
     """Write a versioned JSON baseline of TRACE: per-step times, per-kernel/op/module
-    samples, dispatch, findings, device and versions (never host, user or environment)."""
+    samples, dispatch, findings, device and versions (never host, user or environment).
+
+    TRACE may be a job (a directory or a glob): every rank's baseline and the job's step
+    time (the slowest rank's, per step) in one file."""
+    if jobs.is_job((trace,)):
+        return jobs.baseline_save(trace, output, findings)
     summary = summarize(load(trace), findings=findings)
     with writing(output):
         save_baseline(summary, output)

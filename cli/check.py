@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+from traceq.cli import jobs
 from traceq.cli.common import progress, trace_argument
 
 from traceq.regression.check import check as run_check
@@ -46,7 +47,9 @@ def check(
     fmt: str,
 ) -> None:
     """Check TRACE against a baseline; exit 1 when a metric regressed beyond noise."""
-    parse_ratio(max_regress)  # bad syntax fails before the load; `check` parses it once more
+    limit = parse_ratio(max_regress)  # bad syntax fails before the load
+    if jobs.is_job_source(trace) or jobs.is_job_source(baseline_path):
+        return jobs.check(trace, baseline_path, limit, list(metrics) or None, fmt)
     with progress(f"Checking {trace} ..."):
         result = run_check(
             trace,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from traceq.cli import jobs
 from traceq.cli.common import progress
 
 from traceq.regression.baseline import load_summary
@@ -37,8 +38,12 @@ from traceq.regression.render import FORMATS, TOP, render_diff
 def diff(base: str, new: str, by: str, fmt: str, top: int, findings: bool | None) -> None:
     """Compare NEW with BASE: per-group time and counts, fusions, dispatch changes, findings.
 
-    BASE and NEW are traces or baselines written by `traceq baseline save`.
+    BASE and NEW are traces or baselines written by `traceq baseline save`, or jobs
+    (directories, globs, job baselines): compared rank by rank, with the worst rank and the
+    job's step time.
     """
+    if jobs.is_job_source(base) or jobs.is_job_source(new):
+        return jobs.diff(base, new, "json" if fmt == "json" else "text")
     with progress(f"Reading {base} and {new} ..."):
         result = diff_summaries(
             load_summary(base, findings), load_summary(new, findings), by=by, findings=findings

@@ -245,3 +245,75 @@ def critical_path(
         console.print(f"note: {note}", highlight=False)
     if not per_rank:
         sys.exit(2)
+
+
+def is_job_source(path: str) -> bool:
+    """A job (directory, glob) or a job baseline file."""
+    from traceq.regression.jobs import is_job_baseline
+
+    return is_job((path,)) or (Path(path).is_file() and is_job_baseline(path))
+
+
+def _pct(change: float | None) -> str:
+    return "n/a" if change is None else f"{change:+.1%}"
+
+
+def diff(base: str, new: str, fmt: str) -> None:
+    """`traceq diff JOB JOB`: rank by rank, the worst rank, and the job's step time."""
+    from traceq.regression.jobs import diff_jobs
+
+    with progress(f"Reading {base} and {new} ..."):
+        result = diff_jobs(base, new)
+    if fmt == "json":
+        echo_json(result.to_dict())
+        return
+    console = Console()
+    job = result.job
+    console.print(
+        f"[bold]job step time[/] {_us(job['base_step_ns'])} -> {_us(job['new_step_ns'])} us "
+        f"({_pct(job['change'])}); worst rank: {result.worst_rank}"
+    )
+    table = Table(title="median step wall time per rank (us)", title_justify="left")
+    for name in ("rank", "base", "new", "change"):
+        table.add_column(name, justify="right")
+    for row in sorted(result.rows, key=lambda r: -(r["change"] or 0)):
+        table.add_row(
+            str(row["rank"]), _us(row["base_step_ns"]), _us(row["new_step_ns"]), _pct(row["change"])
+        )
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False)
+
+
+def baseline_save(paths: str, output: str, findings: bool | None) -> None:
+    from traceq.regression.jobs import save_job_baseline
+
+    with progress(f"Summarizing {paths} ..."):
+        summaries = save_job_baseline(load_job(paths), output, findings)
+    click.echo(
+        f"wrote {output}: job baseline of {len(summaries.ranks)} ranks, "
+        f"{len(summaries.steps)} common steps"
+    )
+
+
+def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fmt: str) -> None:
+    """`traceq check JOB --baseline JOB.json`: exit 1 when a rank or the job step regressed."""
+    from traceq.regression.jobs import check_job
+
+    with progress(f"Checking {trace} ..."):
+        result = check_job(trace, baseline, limit, metrics)
+    if fmt == "json":
+        echo_json(result.to_dict())
+    else:
+        step = result.job_step
+        click.echo(
+            f"job step time: {step['verdict']}"
+            + (f" ({step['rel']:+.1%})" if step.get("rel") is not None else "")
+        )
+        for rank, res in sorted(result.ranks.items()):
+            bad = ", ".join(m.spec for m in res.regressions)
+            click.echo(f"rank {rank}: " + (f"regressed: {bad}" if bad else "ok"))
+        for note in result.notes:
+            click.echo(f"note: {note}")
+    if result.failed:
+        sys.exit(1)

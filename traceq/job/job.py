@@ -156,6 +156,7 @@ class Job:
         address: str | None = None,
         align: str = "auto",
     ) -> None:
+        self.source = ", ".join(map(str, src)) if isinstance(src, (list, tuple)) else str(src)
         self.paths = trace_paths(src)
         self.files, self.problems = rank_files(self.paths)
         self.engine, self.workers, self.address, self.align = engine, workers, address, align

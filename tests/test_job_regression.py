@@ -1,0 +1,83 @@
+"""Job baselines, `check` and `diff` on jobs: per-rank metrics and the job's step time
+(the slowest rank's step), on the recorded jobs with and without a slowed rank."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import traceq
+from traceq.cli.main import main
+from traceq.regression.jobs import check_job, diff_jobs, load_job_baseline, save_job_baseline
+
+REPO = Path(__file__).resolve().parent.parent
+SLOW = REPO / "fixtures" / "jobs" / "ddp_gloo_slow2"
+BALANCED = REPO / "fixtures" / "jobs" / "ddp_gloo_balanced"
+
+
+def raw_step_ns(folder: Path) -> dict[int, dict[int, int]]:
+    """rank -> step -> ProfilerStep wall ns, from the raw JSON."""
+    out: dict[int, dict[int, int]] = {}
+    for rank in range(4):
+        with gzip.open(folder / f"rank-{rank}.pt.trace.json.gz") as f:
+            events = json.loads(f.read())["traceEvents"]
+        for e in events:
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"):
+                step = int(e["name"].split("#")[1])
+                out.setdefault(rank, {})[step] = round(float(e["dur"]) * 1000)
+    return out
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("base") / "job.json"
+    save_job_baseline(traceq.load_job(BALANCED, engine="serial"), path, findings=False)
+    return path
+
+
+def test_job_baseline_holds_every_rank_and_the_job_step_time(baseline):
+    document = json.loads(baseline.read_text())
+    assert sorted(document["ranks"]) == ["0", "1", "2", "3"]
+    raw = raw_step_ns(BALANCED)
+    steps = document["job_steps"]["ids"]
+    expect = [max(raw[r][s] for r in raw) for s in steps]
+    assert document["job_steps"]["step_ns"] == pytest.approx(expect, abs=1)
+    loaded = load_job_baseline(baseline)
+    assert sorted(loaded.ranks) == [0, 1, 2, 3] and loaded.world_size == 4
+
+
+def test_check_fails_the_slowed_job_and_passes_the_same_job(baseline):
+    slowed = check_job(traceq.load_job(SLOW, engine="serial"), baseline, 0.05, ["step"])
+    assert slowed.failed and slowed.job_step["verdict"] == "regressed"
+    same = check_job(traceq.load_job(BALANCED, engine="serial"), baseline, 0.05, ["step"])
+    assert not same.failed and same.job_step["verdict"] in ("no change", "within limit")
+
+
+def test_diff_rank_by_rank_and_the_job():
+    result = diff_jobs(traceq.load_job(BALANCED, engine="serial"), SLOW)
+    raw_b, raw_n = raw_step_ns(BALANCED), raw_step_ns(SLOW)
+    for row in result.rows:
+        b = sorted(raw_b[row["rank"]].values())
+        n = sorted(raw_n[row["rank"]].values())
+        assert row["base_step_ns"] == pytest.approx((b[1] + b[2]) / 2, abs=1)
+        assert row["new_step_ns"] == pytest.approx((n[1] + n[2]) / 2, abs=1)
+    worst = max(result.rows, key=lambda r: r["change"])
+    assert result.worst_rank == worst["rank"]
+    assert result.job["change"] > 0.3  # every rank waits ~40 ms more per ~35 ms step
+
+
+def test_cli_baseline_check_and_diff_on_jobs(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "b.json"
+    saved = runner.invoke(main, ["baseline", "save", str(BALANCED), "-o", str(out)])
+    assert saved.exit_code == 0 and "job baseline of 4 ranks" in saved.stdout
+    failed = runner.invoke(main, ["check", str(SLOW), "--baseline", str(out), "--metric", "step"])
+    assert failed.exit_code == 1 and "job step time: regressed" in failed.stdout
+    diffed = runner.invoke(main, ["diff", str(out), str(SLOW), "--format", "json"])
+    data = json.loads(diffed.stdout)
+    assert diffed.exit_code == 0 and [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
+    assert data["worst_rank"] in (0, 1, 2, 3)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from traceq.cli.main import main
 
 import traceq
-from traceq.cli.main import main
 from traceq.regression.jobs import check_job, diff_jobs, load_job_baseline, save_job_baseline
 
 REPO = Path(__file__).resolve().parent.parent

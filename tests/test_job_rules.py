@@ -112,3 +112,21 @@ def test_per_rank_rules_run_in_the_map_and_say_their_rank(slow):
 def test_single_trace_analysis_skips_job_rules():
     trace = traceq.load(JOBS / "ddp_gloo_slow2" / "rank-0.pt.trace.json.gz")
     assert not [f for f in traceq.analyze(trace) if f.rule.startswith("TQ4")]
+
+
+@pytest.mark.slow
+def test_a_fresh_recording_names_its_slowed_rank(tmp_path):
+    """Record a new job (rank 1 slowed by 30 ms) and find it: the recorder and the rule
+    agree on today's PyTorch, not only on the bundled traces."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    script = REPO / "fixtures" / "record_job.py"
+    command = [sys.executable, str(script), "--out", str(tmp_path), "--slow-rank", "1"]
+    subprocess.run([*command, "--delay-ms", "30"], check=True, capture_output=True, timeout=600)
+    result = traceq.analyze_job(traceq.load_job(tmp_path), select=["TQ401"])
+    (finding,) = result.findings
+    assert finding.evidence["rank"] == 1
+    mean_wait = sum(finding.evidence["wait_us_per_step"]) / len(finding.evidence["steps"])
+    assert 0.8 * 30e3 <= mean_wait <= 1.6 * 30e3

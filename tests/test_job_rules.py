@@ -116,17 +116,51 @@ def test_single_trace_analysis_skips_job_rules():
 
 @pytest.mark.slow
 def test_a_fresh_recording_names_its_slowed_rank(tmp_path):
-    """Record a new job (rank 1 slowed by 30 ms) and find it: the recorder and the rule
-    agree on today's PyTorch, not only on the bundled traces."""
+    """Record a new job (rank 1 slowed by 60 ms) and find it: the recorder and the rule
+    agree on today's PyTorch, not only on the bundled traces. One torch thread per rank, as
+    the bundled jobs were recorded, so four ranks on two cores do not fight over threads."""
     pytest.importorskip("torch")
+    import os
     import subprocess
     import sys
 
     script = REPO / "fixtures" / "record_job.py"
     command = [sys.executable, str(script), "--out", str(tmp_path), "--slow-rank", "1"]
-    subprocess.run([*command, "--delay-ms", "30"], check=True, capture_output=True, timeout=600)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [*command, "--delay-ms", "60"], check=True, capture_output=True, timeout=600, env=env
+    )
     result = traceq.analyze_job(traceq.load_job(tmp_path), select=["TQ401"])
     (finding,) = result.findings
     assert finding.evidence["rank"] == 1
     mean_wait = sum(finding.evidence["wait_us_per_step"]) / len(finding.evidence["steps"])
-    assert 0.8 * 30e3 <= mean_wait <= 1.6 * 30e3
+    assert 0.8 * 60e3 <= mean_wait <= 1.6 * 60e3
+
+
+@needs_shared
+def test_imbalanced_message_sizes_name_the_collective_and_its_seq(tmp_path):
+    """Two ranks from HTA's nccl_parser_config rank; rank 1 sends twice the elements in
+    its 4th collective: TQ403 reports that call, by size, with its sequence number."""
+    with gzip.open(HTA / "nccl_parser_config" / "nccl_data.json.gz") as f:
+        doc = json.loads(f.read())
+    kernels = sorted(
+        (e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "ncclKernel" in e["name"]),
+        key=lambda e: e["ts"],
+    )
+    target = kernels[3]
+    for rank in (0, 1):
+        doc["distributedInfo"]["rank"] = rank
+        if rank == 1:
+            target["args"]["In msg nelems"] *= 2
+            target["args"]["Out msg nelems"] *= 2
+        with gzip.open(tmp_path / f"rank-{rank}.json.gz", "wt") as f:
+            json.dump(doc, f)
+    job = traceq.load_job(tmp_path, engine="serial")
+    findings = traceq.analyze_job(job, select=["TQ403"]).findings
+    by_size = [f for f in findings if f.evidence["imbalanced_by_size"]]
+    (finding,) = by_size
+    calls = job.frames.collectives
+    expected = calls.filter(pl.col("bytes") != pl.col("bytes").min().over("instance"))
+    assert expected.height == 1 and expected["rank"].to_list() == [1]
+    assert finding.evidence["collective"] == target["args"]["Collective name"]
+    assert expected["seq"][0] in finding.evidence["seq"]

@@ -24,11 +24,12 @@ def imbalanced_collective(ctx: JobContext) -> Iterator[Finding]:
     """## What it does
     Finds collectives whose ranks are imbalanced: different message sizes across the ranks
     of one collective (uneven `all_to_all` splits, ragged `all_gather`), or a rank that
-    takes `max_time_ratio` times longer than the fastest after every rank has arrived
+    takes `max_time_ratio` times longer than the median rank after every rank has arrived
     (its active time: duration minus wait). One finding per process group and collective.
 
     Savings model: per collective, the slowest rank's active time minus the median rank's,
-    summed over the collectives found: what balancing would take off each of them.
+    or, for uneven sizes, the transfer time × (1 − smallest / largest message) if larger
+    (the transfer scales with the largest message); summed over the collectives found.
 
     ## Why is this bad?
     A collective finishes when its slowest rank does. A rank that sends more (an uneven
@@ -61,13 +62,22 @@ def imbalanced_collective(ctx: JobContext) -> Iterator[Finding]:
         pl.col("active_ns").max().alias("max_active"),
         pl.col("active_ns").min().alias("min_active"),
         pl.col("active_ns").median().alias("median_active"),
+        pl.col("transfer_ns").first().alias("transfer"),
         pl.col("rank").sort_by("active_ns").last().alias("slowest"),
         pl.col("event").sort_by("active_ns").last().alias("event"),
     )
     imbalanced = per_instance.filter(
         (pl.col("max_bytes") > pl.col("min_bytes"))
-        | (pl.col("max_active") > opts["max_time_ratio"] * pl.col("min_active").clip(lower_bound=1))
-    ).with_columns((pl.col("max_active") - pl.col("median_active")).alias("excess_ns"))
+        | (
+            pl.col("max_active")
+            > opts["max_time_ratio"] * pl.col("median_active").clip(lower_bound=1)
+        )
+    ).with_columns(
+        pl.max_horizontal(
+            pl.col("max_active") - pl.col("median_active"),
+            (pl.col("transfer") * (1 - pl.col("min_bytes") / pl.col("max_bytes"))).fill_null(0),
+        ).alias("excess_ns")
+    )
     groups = imbalanced.group_by("pg", "collective").agg(
         pl.len().alias("n"),
         pl.col("excess_ns").sum(),
@@ -95,7 +105,9 @@ def imbalanced_collective(ctx: JobContext) -> Iterator[Finding]:
             ),
             time_us=row["time_ns"] / US,
             est_saving_us=saving,
-            saving_model="Σ (slowest rank's active time − median rank's) over the calls",
+            saving_model=(
+                "Σ max(slowest − median rank's active time, transfer × (1 − min/max bytes))"
+            ),
             fix="Balance what each rank sends (splits, shards, experts); check the slow link.",
             evidence={
                 "process_group": row["pg"],

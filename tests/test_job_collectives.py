@@ -194,3 +194,40 @@ def test_job_step_time_is_the_slowest_rank_per_step():
         for s, e, step in raw_steps(raw(SLOW_JOB / f"rank-{rank}.pt.trace.json.gz")):
             per_rank.setdefault(step, []).append(e - s)
     assert frames.step_time["dur_ns"].to_list() == [max(v) for _, v in sorted(per_rank.items())]
+
+
+def test_todays_and_old_nccl_kernel_names_are_collectives():
+    """NCCL ≥ 2.19 names kernels `ncclDevKernel_*` (HTA#360: not recognised there); the old
+    ones are `ncclKernel_*`; RCCL's are `rcclKernel_*`. Collective, algorithm, protocol and
+    dtype come from the name when the kernel carries no arguments."""
+    import io
+
+    names = {
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL": ("allreduce", "RING", "LL", "f32"),
+        "ncclDevKernel_AllGather_RING_LL128": ("allgather", "RING", "LL128", None),
+        "ncclDevKernel_ReduceScatter_Sum_bf16_NVLS_TREE_SIMPLE": (
+            "reducescatter",
+            "NVLS_TREE",
+            "SIMPLE",
+            "bf16",
+        ),
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)": (
+            "allreduce",
+            "RING",
+            "LL",
+            "float",
+        ),
+        "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)": ("sendrecv", None, None, None),
+        "rcclKernel_Broadcast_RING_SIMPLE_Sum_int8_t": ("broadcast", "RING", "SIMPLE", "int8_t"),
+    }
+    events = [
+        {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 10 * i, "dur": 5,
+         "args": {"device": 0, "stream": 7, "correlation": i}}
+        for i, name in enumerate(names)
+    ]  # fmt: skip
+    events.append({"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn", "pid": 0,
+                   "tid": 7, "ts": 100, "dur": 5, "args": {"device": 0, "stream": 7}})  # fmt: skip
+    trace = traceq.load(io.BytesIO(json.dumps({"traceEvents": events}).encode()))
+    calls = rank_collectives(trace, 0)
+    got = calls.select("collective", "algorithm", "protocol", "dtype").rows()
+    assert got == list(names.values())

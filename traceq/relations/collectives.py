@@ -37,6 +37,11 @@ ALGORITHMS = (
     "PAT",
 )
 PROTOCOLS = ("LL128", "SIMPLE", "LL")
+KERNEL_DTYPES = (
+    "float", "half", "bfloat16", "double", "int8_t", "uint8_t", "int32_t", "uint32_t",
+    "int64_t", "uint64_t", "f32", "f16", "bf16", "f64", "i8", "u8", "i32", "u32", "i64",
+    "u64", "f8e4m3", "f8e5m2",
+)  # fmt: skip
 
 # Element sizes by the `dtype` Kineto writes (c10 ScalarType names) or the kernel's suffix.
 DTYPE_BYTES = {
@@ -98,8 +103,6 @@ def normalize_collective(name: pl.Expr) -> pl.Expr:
         flat.str.replace(r"^(nccl|gloo|c10d)", "")
         .str.replace(r"(intotensor|tensor|coalesced|base|single)+$", "")
         .str.replace(r"^(allgather|alltoall|reducescatter|gather|scatter)v$", "$1")
-        .str.replace(r"^allgatherinto", "allgather")
-        .str.replace(r"^reducescattertensor", "reducescatter")
     )
 
 
@@ -152,24 +155,22 @@ def _gpu_rows(trace: Trace, kernels: pl.DataFrame) -> pl.DataFrame:
         rows = rows.join(filler, on="op_event", how="left", suffix="_op", maintain_order="left")
         rows = rows.with_columns(pl.coalesce(c, f"{c}_op").alias(c) for c in ARG_FIELDS.values())
         rows = rows.drop(pl.selectors.ends_with("_op"))
-    tokens = pl.col("name").str.extract(r"^[A-Za-z]+_(\w+)").str.split("_")
-    algorithm = pl.lit(None, pl.String)
-    for algo in reversed(ALGORITHMS):
-        algorithm = pl.when(tokens.list.contains(algo)).then(pl.lit(algo)).otherwise(algorithm)
-    protocol = pl.lit(None, pl.String)
-    for proto in reversed(PROTOCOLS):
-        protocol = pl.when(tokens.list.contains(proto)).then(pl.lit(proto)).otherwise(protocol)
-    named = pl.col("name").str.extract(KERNEL_COLLECTIVE)
-    dtype = pl.col("name").str.extract(
-        r"_(float|half|bfloat16|double|int8_t|uint8_t|int32_t|uint32_t|int64_t|uint64_t|f32|f16|bf16|f64|i8|u8|i32|u32|i64|u64|f8e4m3|f8e5m2)(?:_|\(|$)"
-    )
+    name = pl.col("name")
+    named = name.str.extract(KERNEL_COLLECTIVE)
     return rows.with_columns(
         pl.lit("gpu").alias("on"),
         pl.coalesce("collective", named).alias("collective"),
-        pl.coalesce("dtype", dtype).alias("dtype"),
-        algorithm.alias("algorithm"),
-        protocol.alias("protocol"),
+        pl.coalesce("dtype", name.str.extract(_name_part(KERNEL_DTYPES))).alias("dtype"),
+        name.str.extract(_name_part(ALGORITHMS)).alias("algorithm"),
+        name.str.extract(_name_part(PROTOCOLS)).alias("protocol"),
     )
+
+
+def _name_part(words: tuple[str, ...]) -> str:
+    """A regex for one of `words` as a `_`-delimited part of a kernel name (longest first,
+    so `NVLS_TREE` wins over `NVLS`, `LL128` over `LL`)."""
+    ordered = sorted(words, key=len, reverse=True)
+    return r"_(" + "|".join(ordered) + r")(?:_|\(|$)"
 
 
 def host_ranges(trace: Trace) -> pl.DataFrame:

@@ -231,3 +231,29 @@ def test_todays_and_old_nccl_kernel_names_are_collectives():
     calls = rank_collectives(trace, 0)
     got = calls.select("collective", "algorithm", "protocol", "dtype").rows()
     assert got == list(names.values())
+
+
+@needs_shared
+def test_clock_skew_is_measured_from_collective_ends_and_removed(tmp_path):
+    """The same real rank twice, rank 1's clock 500 µs ahead: the offset is found exactly,
+    applied, and the waits it would fake vanish; with align="none" they are 500 µs."""
+    with gzip.open(HTA / "nccl_parser_config" / "nccl_data.json.gz") as f:
+        doc = json.loads(f.read())
+    for rank in (0, 1):
+        doc["distributedInfo"]["rank"] = rank
+        if rank == 1:
+            for e in doc["traceEvents"]:
+                if "ts" in e:
+                    e["ts"] = float(Decimal(str(e["ts"])) + 500)
+        with gzip.open(tmp_path / f"rank-{rank}.json.gz", "wt") as f:
+            json.dump(doc, f)
+    aligned = traceq.load_job(tmp_path, engine="serial")
+    frames = aligned.frames
+    assert frames.alignment["offset_ns"].to_list() == [0, 500_000]
+    assert frames.alignment["applied_ns"].to_list() == [0, 500_000]
+    assert frames.collectives["wait_ns"].max() == 0
+    assert any("clocks aligned" in n and "rank 1 shifted" in n for n in aligned.notes())
+    raw_clocks = traceq.load_job(tmp_path, engine="serial", align="none").frames.collectives
+    waits = raw_clocks.filter(pl.col("rank") == 0)["wait_ns"]
+    durations = raw_clocks.filter(pl.col("rank") == 0)["dur_ns"]
+    assert (waits == durations.clip(upper_bound=500_000)).all()

@@ -94,6 +94,14 @@ def reduce_summaries(summaries: list[RankSummary], align: str = "auto") -> JobFr
     if calls.height == 0:
         calls = pl.DataFrame(schema=COLUMNS)
     alignment = _alignment(calls, ranks, align)
+    shifted = alignment.filter(pl.col("applied_ns") != 0)
+    if shifted.height:
+        largest = shifted["applied_ns"].abs().max() / 1e3
+        which = _ranks_text(shifted["rank"].to_list())
+        problems.append(
+            f"clocks aligned by the ends of shared collectives: {which} shifted, by up to "
+            f"{largest:,.1f} µs (frames.alignment)"
+        )
     applied = alignment.select("rank", pl.col("applied_ns").alias("offset_ns"))
     return JobFrames(
         ranks=ranks,

@@ -65,7 +65,7 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
     its step), or replace the slow host or GPU; balance uneven shards.
 
     ## References
-    - [HTA: straggler and collective analysis](https://hta.readthedocs.io/en/latest/source/features/comm_comp_overlap.html)
+    - [Holistic Trace Analysis: temporal breakdown and stragglers](https://hta.readthedocs.io/en/latest/)
     - [PyTorch DDP: how the reducer waits for all ranks](https://pytorch.org/docs/stable/notes/ddp.html)
     """
     opts = ctx.options

@@ -48,7 +48,7 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
     ```
 
     ## References
-    - [HTA: communication computation overlap](https://hta.readthedocs.io/en/latest/source/features/comm_comp_overlap.html)
+    - [Holistic Trace Analysis: communication-computation overlap](https://hta.readthedocs.io/en/latest/)
     - [PyTorch DDP design: gradient bucketing](https://pytorch.org/docs/stable/notes/ddp.html)
     """
     opts = ctx.options

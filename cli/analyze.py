@@ -88,6 +88,9 @@ def analyze(
     config = _config(trace[0], config_path, no_config)
     parsed = parse_options(options)  # bad syntax fails before the (slow) load
     if jobs.is_job(trace):
+        if check_fixes:
+            click.echo("traceq: error: --check-fixes takes one trace, not a job", err=True)
+            sys.exit(2)
         found = jobs.analyze(
             trace,
             select=split_codes(select) or None,

@@ -71,3 +71,8 @@ def test_a_corrupt_rank_is_a_note_not_a_traceback(tmp_path):
 def test_an_empty_directory_is_one_error_line(tmp_path):
     code, _, err = invoke("info", tmp_path)
     assert code == 2 and err.startswith("traceq: error: ") and len(err.splitlines()) == 1
+
+
+def test_check_fixes_on_a_job_is_one_error_line():
+    code, _, err = invoke("analyze", SLOW_JOB, "--check-fixes")
+    assert code == 2 and err == "traceq: error: --check-fixes takes one trace, not a job\n"

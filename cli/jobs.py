@@ -190,7 +190,11 @@ def analyze(
     )
     text = render(report, fmt, **render_options)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            click.echo(f"traceq: error: {output}: cannot write: {exc.strerror or exc}", err=True)
+            sys.exit(2)
     else:
         click.echo(text, nl=not text.endswith("\n"))
     return result.findings

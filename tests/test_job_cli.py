@@ -76,3 +76,9 @@ def test_an_empty_directory_is_one_error_line(tmp_path):
 def test_check_fixes_on_a_job_is_one_error_line():
     code, _, err = invoke("analyze", SLOW_JOB, "--check-fixes")
     assert code == 2 and err == "traceq: error: --check-fixes takes one trace, not a job\n"
+
+
+def test_an_unwritable_output_is_one_error_line(tmp_path):
+    target = tmp_path / "missing" / "out.txt"
+    code, _, err = invoke("analyze", SLOW_JOB, "--select", "TQ401", "-o", target)
+    assert code == 2 and err.startswith(f"traceq: error: {target}: cannot write")

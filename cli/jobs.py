@@ -17,7 +17,7 @@ import click
 import polars as pl
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import echo_json, progress
+from traceq.cli.common import echo_json, progress, writing
 
 from traceq.job import Job, load_job
 from traceq.job.engine import ENGINES
@@ -190,11 +190,8 @@ def analyze(
     )
     text = render(report, fmt, **render_options)
     if output:
-        try:
+        with writing(output):
             Path(output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            click.echo(f"traceq: error: {output}: cannot write: {exc.strerror or exc}", err=True)
-            sys.exit(2)
     else:
         click.echo(text, nl=not text.endswith("\n"))
     return result.findings

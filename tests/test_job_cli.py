@@ -81,4 +81,5 @@ def test_check_fixes_on_a_job_is_one_error_line():
 def test_an_unwritable_output_is_one_error_line(tmp_path):
     target = tmp_path / "missing" / "out.txt"
     code, _, err = invoke("analyze", SLOW_JOB, "--select", "TQ401", "-o", target)
-    assert code == 2 and err.startswith(f"traceq: error: {target}: cannot write")
+    assert code == 2 and err.startswith(f"traceq: error: cannot write {target}: ")
+    assert len(err.splitlines()) == 1

@@ -22,7 +22,9 @@ FORMAT = click.Choice(["text", "json"])
 # where click would print a usage block.
 trace_argument = click.argument("trace", type=click.Path())
 # A trace, or a job: a directory, a glob pattern, or several files (one per rank).
-traces_argument = click.argument("trace", nargs=-1, required=True, type=click.Path())
+traces_argument = click.argument(
+    "trace", nargs=-1, required=True, type=click.Path(), metavar="TRACE"
+)
 
 
 class OutputError(TraceError):

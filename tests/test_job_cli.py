@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from traceq.cli.main import main
 
@@ -83,3 +84,14 @@ def test_an_unwritable_output_is_one_error_line(tmp_path):
     code, _, err = invoke("analyze", SLOW_JOB, "--select", "TQ401", "-o", target)
     assert code == 2 and err.startswith(f"traceq: error: cannot write {target}: ")
     assert len(err.splitlines()) == 1
+
+
+def test_a_job_renders_as_the_html_report(tmp_path):
+    """`traceq.report` takes any object with `traces`: a `Job` gives its ranks in order."""
+    pytest.importorskip("plotly", reason="the report extra is not installed")
+    import traceq
+
+    job = traceq.load_job(SLOW_JOB)
+    assert [t.rank for t in job.traces] == [0, 1, 2, 3]
+    text = traceq.report(job, tmp_path / "job.html").read_text()
+    assert all(f"rank {r}" in text for r in range(4))

@@ -242,6 +242,12 @@ class Job:
             self._traces[rank] = load(self.path(rank))
         return self._traces[rank]
 
+    @property
+    def traces(self) -> list[Trace]:
+        """Every rank's full `Trace`, in rank order (loads them all: for the HTML report's
+        per-rank pages, `traceq.report(job, path)`; the cross-rank frames need none)."""
+        return [self.trace(rank) for rank in self.ranks]
+
     def tasks(self) -> list[Task]:
         return [Task(f.path, f.rank, f.rank_source, f.size_bytes) for f in self.files]
 

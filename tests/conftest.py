@@ -1,12 +1,16 @@
 """Shared test fixtures: where the traces are, and each trace loaded once per session.
 
-Two sets of traces feed the tests:
+Three sets of traces feed the tests:
 - `fixtures/*.pt.trace.json.gz`: small CPU traces this project records itself
   (`fixtures/record.py`); always present.
+- `fixtures/gpu/*.json.gz`: three small real GPU traces copied unchanged from
+  ../shared/traces (HolisticTraceAnalysis, MIT; `fixtures/gpu/sources.json` names each
+  one's upstream path and checksum). Always present, so the GPU side is tested everywhere.
 - `../shared/traces/`: real GPU traces copied from public projects (see its INDEX.md for
   each file's source and license). The folder may be absent on a fresh machine, so every
   test that needs it skips cleanly instead of failing. `TRACEQ_SHARED_TRACES` points
-  elsewhere.
+  elsewhere. A test that asks for a shared trace that is also bundled gets the bundled
+  copy (the same bytes), so it runs without the folder.
 
 `kineto_case` is parametrized over every Kineto trace of both sets at session scope, so
 pytest groups the tests that use it by trace: each trace is decoded once by traceq and
@@ -16,6 +20,7 @@ once by the stdlib `json` (the independent reference), and released before the n
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -41,6 +46,10 @@ SHARED_TRACES = Path(
     os.environ.get("TRACEQ_SHARED_TRACES", REPO_ROOT.parent / "shared" / "traces")
 ).resolve()
 FIXTURES = REPO_ROOT / "fixtures"
+GPU_FIXTURES = FIXTURES / "gpu"
+GPU_SOURCES = json.loads((GPU_FIXTURES / "sources.json").read_text())["traces"]
+# shared relative path -> the bundled copy of the same bytes
+BUNDLED = {entry["shared"]: GPU_FIXTURES / name for name, entry in GPU_SOURCES.items()}
 # Execution Traces (PyTorch's graph dump, not Kineto) and raw memory timelines: not traces.
 NOT_KINETO = ("_et.json", ".raw.gz")
 # Traces bigger than this are marked `slow` (deselect them with -m "not slow").
@@ -60,6 +69,30 @@ def is_kineto(path: Path) -> bool:
 
 def fixture_trace_paths() -> list[Path]:
     return sorted(FIXTURES.glob("*.pt.trace.json*"))
+
+
+def gpu_fixture_paths() -> list[Path]:
+    """The bundled real GPU traces (`fixtures/gpu/`), always present."""
+    return sorted(GPU_FIXTURES / name for name in GPU_SOURCES)
+
+
+def gpu_fixture(name: str) -> Path:
+    """`gpu_fixture("hta-alexnet-a100")` -> fixtures/gpu/hta-alexnet-a100.json.gz."""
+    return GPU_FIXTURES / f"{name}.json.gz"
+
+
+def shared_or_bundled(relpath: str) -> Path:
+    """The bundled copy of a shared trace where there is one, else the shared file."""
+    return BUNDLED.get(relpath, SHARED_TRACES / relpath)
+
+
+def _is_bundled_copy(path: Path) -> bool:
+    """A shared file with the bytes of a bundled trace (tested once, as the bundled one)."""
+    size = path.stat().st_size
+    if not any(entry["bytes"] == size for entry in GPU_SOURCES.values()):
+        return False
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return any(entry["sha256"] == digest for entry in GPU_SOURCES.values())
 
 
 def read_json(path: Path, **kwargs: Any) -> Any:
@@ -93,12 +126,13 @@ class TraceCase:
 def _label(path: Path) -> str:
     if path.is_relative_to(SHARED_TRACES):
         return str(path.relative_to(SHARED_TRACES))
-    return f"fixtures/{path.name}"
+    return str(path.relative_to(REPO_ROOT))
 
 
 def _kineto_params() -> list[Any]:
     params = []
-    for path in [*fixture_trace_paths(), *filter(is_kineto, shared_trace_paths())]:
+    shared = [p for p in shared_trace_paths() if is_kineto(p) and not _is_bundled_copy(p)]
+    for path in [*fixture_trace_paths(), *gpu_fixture_paths(), *shared]:
         marks = [pytest.mark.shared] if path.is_relative_to(SHARED_TRACES) else []
         if path.stat().st_size > SLOW_FILE_BYTES:
             marks.append(pytest.mark.slow)
@@ -132,7 +166,7 @@ def shared_trace() -> Callable[[str], Path]:
     """`shared_trace("hta/tests/data/...")` -> the path, or skip when it is absent."""
 
     def find(relpath: str) -> Path:
-        path = SHARED_TRACES / relpath
+        path = shared_or_bundled(relpath)
         if not path.is_file():
             pytest.skip(f"{path} is absent")
         return path
@@ -162,7 +196,7 @@ def load_shared() -> Callable[[str], traceq.Trace]:
 
     def load(relpath: str) -> traceq.Trace:
         if relpath not in cache:
-            path = SHARED_TRACES / relpath
+            path = shared_or_bundled(relpath)
             if not path.is_file():
                 pytest.skip(f"{path} is absent")
             cache[relpath] = traceq.load(path)
@@ -173,6 +207,7 @@ def load_shared() -> Callable[[str], traceq.Trace]:
 
 @pytest.fixture(scope="session", params=_kineto_params())
 def kineto_case(request: pytest.FixtureRequest) -> TraceCase:
-    """Each Kineto trace (fixtures and shared), with traceq's and the stdlib's view of it."""
+    """Each Kineto trace (fixtures, bundled GPU traces and shared), with traceq's and the
+    stdlib's view of it."""
     path: Path = request.param
     return TraceCase(path=path, label=_label(path))

@@ -1,63 +1,44 @@
 """The critical path (`traceq.relations.critical_path`), side by side with Holistic Trace Analysis.
 
-HTA's own critical path (`hta.analyzers.critical_path_analysis`) runs in a subprocess
-with its separate environment (/work/venv-hta, not a traceq dependency); the comparison
-is skipped when that environment is absent. Traces: facebookresearch/HolisticTraceAnalysis
-tests/data (MIT) - critical_path/{alexnet, simple_add, cuda_event_sync,
-cuda_event_sync_multi_stream}, ns_resolution_trace, df_index_resolver - and the
-project's own fixtures.
+HTA's own critical path (`hta.analyzers.critical_path_analysis`) is not a traceq
+dependency. `benchmarks/hta_reference.py`, run with HTA's separate environment
+(/work/venv-hta), wrote its numbers to `fixtures/gpu/hta_critical_path.json` with each
+trace's checksum; every run compares traceq with those numbers, and where HTA's
+environment exists, a live HTA run checks that they are still HTA's. Traces:
+facebookresearch/HolisticTraceAnalysis tests/data (MIT) - critical_path/{alexnet,
+cuda_event_sync} and timeline_analysis/sampled_rank-0 bundled in fixtures/gpu/;
+critical_path/{simple_add, cuda_event_sync_multi_stream}, ns_resolution_trace and
+df_index_resolver from ../shared/traces (skipped when absent) - and the project's own
+fixtures.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from conftest import SHARED_TRACES, read_json
+from conftest import GPU_FIXTURES, REPO_ROOT, SHARED_TRACES, read_json
 from traceq.cli.main import main
 
 import traceq
 from traceq.relations.critical_path import CAUSES, critical_path
 
+SOURCES = GPU_FIXTURES / "sources.json"
 HTA_PYTHON = Path(os.environ.get("TRACEQ_HTA_PYTHON", "/work/venv-hta/bin/python"))
+HTA_SCRIPT = REPO_ROOT / "benchmarks" / "hta_reference.py"
+# HTA's numbers, committed by benchmarks/hta_reference.py (run in HTA's own environment)
+COMMITTED = json.loads((REPO_ROOT / "fixtures" / "gpu" / "hta_critical_path.json").read_text())
+CASES = COMMITTED["cases"]
 DATA = "hta/tests/data"
 ALEXNET_ANNOTATION = "[param|pytorch.model.alex_net|0|0|0|measure|forward]"
-# (trace, annotation, instance) exactly as HTA's tests/test_critical_path_analysis.py uses them
-HTA_CASES = {
-    "alexnet": (
-        f"{DATA}/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
-        ALEXNET_ANNOTATION,
-        1,
-    ),
-    "simple_add": (
-        f"{DATA}/critical_path/simple_add/benchmark_result_493459_1694039959_trace.json.gz",
-        ALEXNET_ANNOTATION,
-        1,
-    ),
-    "event_sync": (
-        f"{DATA}/critical_path/cuda_event_sync/event_sync_trace.json.gz",
-        "ProfilerStep",
-        0,
-    ),
-    "multi_stream": (
-        f"{DATA}/critical_path/cuda_event_sync_multi_stream/event_sync_trace.json.gz",
-        "",
-        0,
-    ),
-    "ns_resolution": (
-        f"{DATA}/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
-        "ProfilerStep",
-        1,
-    ),
-}
 HTA_BOUND_BY = {
     "cpu_bound": "cpu_bound",
     "gpu_compute_bound": "gpu_compute",
@@ -66,87 +47,117 @@ HTA_BOUND_BY = {
     "gpu_kernel_kernel_overhead": "kernel_to_kernel_overhead",
 }
 WEIGHTED = list(HTA_BOUND_BY.values())
-HTA_DRIVER = """
-import json, logging, os, sys, warnings
-warnings.filterwarnings("ignore")
-from hta.configs.config import logger
-from hta.trace_analysis import TraceAnalysis
-logger.setLevel(logging.ERROR)
-out = {}
-for name, (path, annotation, instance) in json.loads(sys.argv[1]).items():
-    analysis = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(path))
-    graph, ok = analysis.critical_path_analysis(
-        rank=0, annotation=annotation, instance_id=instance if annotation else None
-    )
-    frame = graph.get_critical_path_breakdown()
-    out[name] = {
-        "ok": ok,
-        "bound_by_us": {k: int(v) for k, v in frame.groupby("bound_by").duration.sum().items()},
-        "events": sorted(int(e) for e in graph.critical_path_events_set),
-        "event_us": {
-            str(int(k)): int(v)
-            for k, v in frame[frame.duration > 0].groupby("event_idx").duration.sum().items()
-        },
-        "nodes": graph.number_of_nodes(),
-    }
-print(json.dumps(out))
-"""
+SAME_PATH = ["alexnet", "alexnet_first", "event_sync", "simple_add", "multi_stream"]
+
+
+def case_file(name: str) -> Path:
+    """The case's trace (bundled in fixtures/gpu, or in ../shared: skip when absent),
+    checked to be the very file HTA's committed numbers were computed on."""
+    case = CASES[name]
+    path = (REPO_ROOT if case["where"] == "repo" else SHARED_TRACES) / case["path"]
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == case["sha256"], path
+    return path
+
+
+def _ours(name: str) -> traceq.relations.critical_path.CriticalPath:
+    case = CASES[name]
+    trace = traceq.load(case_file(name))
+    region = (case["annotation"], case["instance"]) if case["annotation"] else None
+    return critical_path(trace, region)
 
 
 @pytest.fixture(scope="module")
-def hta_results() -> dict:
-    """HTA's critical path of every case, from one subprocess (its import takes seconds)."""
+def live_hta() -> dict:
+    """HTA run now, on every case whose file is here (one subprocess: its import takes
+    seconds); skipped where HTA's environment is absent."""
     if not HTA_PYTHON.is_file():
         pytest.skip(f"HTA's environment {HTA_PYTHON} is absent")
-    if not SHARED_TRACES.is_dir():
-        pytest.skip(f"{SHARED_TRACES} is absent")
-    cases = {k: (str(SHARED_TRACES / p), a, i) for k, (p, a, i) in HTA_CASES.items()}
     done = subprocess.run(
-        [str(HTA_PYTHON), "-c", HTA_DRIVER, json.dumps(cases)],
+        [str(HTA_PYTHON), str(HTA_SCRIPT), "--check"],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    if done.returncode != 0 or not done.stdout.strip():
-        if "No module named 'hta'" in done.stderr:
-            pytest.skip("HTA is not installed in its environment")
-        raise AssertionError(f"HTA failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    if "No module named 'hta'" in done.stderr:
+        pytest.skip("HTA is not installed in its environment")
+    return {"returncode": done.returncode, "output": done.stdout + done.stderr[-2000:]}
 
 
-def _ours(name: str) -> traceq.relations.critical_path.CriticalPath:
-    path, annotation, instance = HTA_CASES[name]
-    trace = traceq.load(SHARED_TRACES / path)
-    return critical_path(trace, (annotation, instance) if annotation else None)
+def test_committed_numbers_are_htas_numbers_today(live_hta: dict) -> None:
+    """HTA, run live on the same files, gives exactly the committed numbers."""
+    assert live_hta["returncode"] == 0, live_hta["output"]
+    assert "differ from the committed numbers: none" in live_hta["output"]
 
 
-@pytest.mark.parametrize("name", ["alexnet", "simple_add", "event_sync", "multi_stream"])
-def test_breakdown_equals_htas(hta_results: dict, name: str) -> None:
+def test_committed_numbers_cover_the_bundled_traces() -> None:
+    bundled = {c["path"] for c in CASES.values() if c["where"] == "repo"}
+    assert bundled == {f"fixtures/gpu/{name}" for name in json.loads(SOURCES.read_text())["traces"]}
+    assert all(c["hta"]["ok"] for c in CASES.values())
+
+
+@pytest.mark.parametrize("name", SAME_PATH)
+def test_breakdown_equals_htas(name: str) -> None:
     """Same graph model, same path: every weighted cause to the microsecond, the same time
     on the path for every event (including the cuda_event_sync and multi-stream cases).
     Where paths of equal weight meet through weightless edges, the two pick different
     ones (networkx keeps the first predecessor it sees, Dijkstra the first it settles):
     only events without time on the path may differ."""
-    hta = hta_results[name]
+    hta = CASES[name]["hta"]
     ours = _ours(name)
-    assert hta["ok"]
     expected = {HTA_BOUND_BY[k]: us * 1000 for k, us in hta["bound_by_us"].items() if k}
     for cause in WEIGHTED:
         assert ours.breakdown_ns[cause] == expected.get(cause, 0), cause
     assert ours.weight_ns == sum(expected.values())
-    timed = ours.edges.filter((pl.col("weight_ns") > 0) & pl.col("event").is_not_null())
-    per_event = timed.group_by("event").agg(pl.col("weight_ns").sum())
-    assert {str(e): ns // 1000 for e, ns in per_event.iter_rows()} == hta["event_us"]
+    assert _per_event_us(ours) == hta["event_us"]
     assert set(map(int, hta["event_us"])) <= set(ours.critical_events)
     assert len(set(ours.critical_events) ^ set(hta["events"])) <= 2
     assert ours.graph_size["nodes"] == hta["nodes"]
 
 
-def test_ns_resolution_differs_only_by_htas_rounding(hta_results: dict) -> None:
+def _per_event_us(path: traceq.relations.critical_path.CriticalPath) -> dict[str, int]:
+    timed = path.edges.filter((pl.col("weight_ns") > 0) & pl.col("event").is_not_null())
+    per_event = timed.group_by("event").agg(pl.col("weight_ns").sum())
+    return {str(e): ns // 1000 for e, ns in per_event.iter_rows()}
+
+
+def test_sampled_rank_differs_from_hta_only_by_the_synchronous_copies() -> None:
+    """The sampled NCCL trace (2023, no `cuda_sync` events) has four device->pageable
+    copies. Such a copy is synchronous: its `cudaMemcpyAsync` returns only when the copy
+    is done. traceq models that wait; HTA 0.5 only knows the waits that `cuda_sync` events
+    record. So traceq's path runs through the four copies (GPU time plus the launch
+    overhead before each), HTA's does not; everything else agrees to the microsecond, and
+    HTA's time on a user annotation is on the op that holds it in traceq (which keeps
+    annotations out of the graph)."""
+    hta = CASES["sampled_rank0"]["hta"]
+    ours = _ours("sampled_rank0")
+    raw = read_json(case_file("sampled_rank0"))["traceEvents"]
+    extra = set(ours.critical_events) - set(hta["events"])
+    assert extra and {raw[e]["name"] for e in extra} == {"Memcpy DtoH (Device -> Pageable)"}
+    assert not set(hta["events"]) - set(ours.critical_events)
+    copy_ns = sum(round(float(raw[e]["dur"]) * 1000) for e in extra)
+    into_copies = ours.edges.filter(
+        pl.col("dst_event").is_in(list(extra)) & (pl.col("cause") == "launch_overhead")
+    )["weight_ns"].sum()
+    expected = {HTA_BOUND_BY[k]: us * 1000 for k, us in hta["bound_by_us"].items()}
+    expected["gpu_compute"] += copy_ns
+    expected["launch_overhead"] += into_copies
+    for cause in WEIGHTED:
+        assert ours.breakdown_ns[cause] == expected.get(cause, 0), cause
+    assert ours.graph_size["nodes"] == hta["nodes"]
+    mine, theirs = _per_event_us(ours), hta["event_us"]
+    moved = {e for e in set(mine) | set(theirs) if mine.get(e) != theirs.get(e)}
+    assert moved - {str(e) for e in extra} == {"1381", "1382"}
+    assert raw[1382]["cat"] == "user_annotation" and raw[1381]["cat"] == "cpu_op"
+    assert mine["1381"] == theirs["1381"] + theirs["1382"]
+
+
+def test_ns_resolution_differs_only_by_htas_rounding() -> None:
     """HTA keeps whole microseconds and drops events that round to 0 us (`dur > 0`), so on
     a ns-resolution trace its graph has fewer points; the split by cause still agrees
     within 2 percentage points."""
-    hta = hta_results["ns_resolution"]
+    hta = CASES["ns_resolution"]["hta"]
     ours = _ours("ns_resolution")
     assert ours.graph_size["nodes"] > hta["nodes"]
     hta_total = sum(v for k, v in hta["bound_by_us"].items() if k)
@@ -177,15 +188,14 @@ REGIONS = [
     ("alexnet", (ALEXNET_ANNOTATION, 0)),
     ("event_sync", 100),
     ("multi_stream", None),
+    ("sampled_rank0", 551),
     ("ns_resolution", 103),
 ]
 
 
 @pytest.mark.parametrize(("name", "region"), REGIONS)
-def test_length_lies_between_gpu_busy_time_and_the_region(
-    shared_trace: Callable[[str], Path], name: str, region: object
-) -> None:
-    path = shared_trace(HTA_CASES[name][0])
+def test_length_lies_between_gpu_busy_time_and_the_region(name: str, region: object) -> None:
+    path = case_file(name)
     trace = traceq.load(path)
     found = critical_path(trace, region)
     start, end = found.region

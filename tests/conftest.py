@@ -23,6 +23,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -100,6 +101,22 @@ def read_json(path: Path, **kwargs: Any) -> Any:
     opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
     with opener(path, "rb") as f:
         return json.load(f, **kwargs)
+
+
+def write_json(document: Any, path: Path) -> Path:
+    """Write `document` as JSON with every `Decimal` (from `read_json(parse_float=Decimal)`)
+    as the exact number it holds, so an edited copy of a trace keeps its timestamps."""
+    exact: list[str] = []
+
+    def hold(value: Any) -> str:
+        if not isinstance(value, Decimal):
+            raise TypeError(f"not JSON: {type(value).__name__}")
+        exact.append(format(value, "f"))
+        return f"\0decimal{len(exact) - 1}\0"
+
+    text = json.dumps(document, default=hold)
+    path.write_text(re.sub(r'"\\u0000decimal(\d+)\\u0000"', lambda m: exact[int(m.group(1))], text))
+    return path
 
 
 @dataclass

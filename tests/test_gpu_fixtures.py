@@ -31,7 +31,14 @@ from typing import Any
 
 import polars as pl
 import pytest
-from conftest import GPU_FIXTURES, GPU_SOURCES, SHARED_TRACES, gpu_fixture, read_json
+from conftest import (
+    GPU_FIXTURES,
+    GPU_SOURCES,
+    SHARED_TRACES,
+    gpu_fixture,
+    read_json,
+    write_json,
+)
 
 import traceq
 from traceq.analyze import analysis, analyze
@@ -96,21 +103,6 @@ def raw() -> Callable[[Path], Raw]:
 
 def only(findings: list[Finding], rule: str) -> list[Finding]:
     return [f for f in findings if f.rule == rule]
-
-
-def write(document: dict[str, Any], path: Path) -> Path:
-    """Write `document` as JSON, its `Decimal`s as the exact numbers they hold."""
-    exact: list[str] = []
-
-    def hold(value: Any) -> str:
-        if not isinstance(value, Decimal):
-            raise TypeError(type(value))
-        exact.append(format(value, "f"))
-        return f"@decimal{len(exact) - 1}@"
-
-    text = json.dumps(document, default=hold)
-    path.write_text(re.sub(r'"@decimal(\d+)@"', lambda m: exact[int(m.group(1))], text))
-    return path
 
 
 # -- provenance ---------------------------------------------------------------------------
@@ -327,7 +319,7 @@ def test_tq203_reports_many_small_copies_that_one_copy_would_do(raw, tmp_path: P
     original = analyze(traceq.load(SAMPLED), select="TQ203")
     assert not [f for f in original if f.evidence["copy_name"] == name]
     doc = _split_copies(raw(SAMPLED).document, name, 16)
-    path = write(doc, tmp_path / "split.json")
+    path = write_json(doc, tmp_path / "split.json")
     r = Raw(read_json(path, parse_float=Decimal))
     small = [f for f in analyze(traceq.load(path), select="TQ203") if f.severity == "info"]
     assert len(small) == 2 and {f.step for f in small} == {551, 552}
@@ -399,12 +391,12 @@ def test_tq302_leaves_nccl_kernels_alone(raw, tmp_path: Path) -> None:
     r = Raw(doc)
     nccl = _low_occupancy_expected(r, 108)
     assert [n for n in nccl if NCCL.match(n)]  # the numbers alone would flag them
-    kept = analyze(traceq.load(write(doc, tmp_path / "nccl.json")), select="TQ302")
+    kept = analyze(traceq.load(write_json(doc, tmp_path / "nccl.json")), select="TQ302")
     assert {f.evidence["kernel"] for f in kept} == set(_low_occupancy_expected(r, 108, NCCL))
     for event in doc["traceEvents"]:
         if NCCL.match(str(event.get("name"))):
             event["name"] = event["name"].replace("ncclKernel_", "sendrecv_kernel_")
-    renamed = analyze(traceq.load(write(doc, tmp_path / "renamed.json")), select="TQ302")
+    renamed = analyze(traceq.load(write_json(doc, tmp_path / "renamed.json")), select="TQ302")
     assert any(f.evidence["kernel"].startswith("sendrecv_kernel_") for f in renamed)
 
 

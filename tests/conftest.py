@@ -103,19 +103,27 @@ def read_json(path: Path, **kwargs: Any) -> Any:
         return json.load(f, **kwargs)
 
 
-def write_json(document: Any, path: Path) -> Path:
-    """Write `document` as JSON with every `Decimal` (from `read_json(parse_float=Decimal)`)
-    as the exact number it holds, so an edited copy of a trace keeps its timestamps."""
+def dumps_exact(document: Any) -> str:
+    """JSON text of `document` with every `Decimal` (from `read_json(parse_float=Decimal)`)
+    written as the exact number it holds, so an edited copy of a trace keeps its times."""
     exact: list[str] = []
+    mark = "\x00decimal\x00"  # a string no trace holds: json writes it as \\u0000...
 
     def hold(value: Any) -> str:
         if not isinstance(value, Decimal):
             raise TypeError(f"not JSON: {type(value).__name__}")
         exact.append(format(value, "f"))
-        return f"\0decimal{len(exact) - 1}\0"
+        return f"{mark}{len(exact) - 1}{mark}"
 
     text = json.dumps(document, default=hold)
-    path.write_text(re.sub(r'"\\u0000decimal(\d+)\\u0000"', lambda m: exact[int(m.group(1))], text))
+    quoted = json.dumps(mark)[1:-1]
+    pattern = re.compile(f'"{re.escape(quoted)}(\\d+){re.escape(quoted)}"')
+    return pattern.sub(lambda m: exact[int(m.group(1))], text)
+
+
+def write_json(document: Any, path: Path) -> Path:
+    """Write `document` with `dumps_exact`."""
+    path.write_text(dumps_exact(document))
     return path
 
 

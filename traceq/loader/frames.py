@@ -36,7 +36,13 @@ INSTANT_PHASES = ("i", "I")
 STEP_NAME = r"^ProfilerStep#(\d+)$"
 MODULE_PREFIX = "nn.Module: "
 
-_SHAPE_TEXT = r"^\[(?:\s*\[[-0-9,\s]*\]\s*,?)*\]$"  # a list of int lists, nothing deeper
+# JSON lists of integers, exactly: Polars' JSON decoder fails (it does not return null) on
+# text such as `[1,,2]`, `[-]` or a number of 40 digits (what `1e300` reads back as), so
+# nothing else may reach it. 19 digits or fewer: an i64, or a null where it overflows.
+_INT = r"\s*-?\d{1,19}\s*"
+_INT_LIST = rf"\[(?:{_INT}(?:,{_INT})*|\s*)\]"
+_INT_LIST_TEXT = rf"^{_INT_LIST}$"
+_SHAPE_TEXT = rf"^\[(?:\s*{_INT_LIST}\s*(?:,\s*{_INT_LIST}\s*)*|\s*)\]$"  # nothing deeper
 
 
 def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
@@ -69,7 +75,7 @@ def as_float(column: str) -> pl.Expr:
 def int_list(column: str) -> pl.Expr:
     """'[24, 1, 1]' -> [24, 1, 1]."""
     text = pl.col(column)
-    ok = text.str.contains(r"^\[[-0-9,\s]*\]$")
+    ok = text.str.contains(_INT_LIST_TEXT)
     return pl.when(ok).then(text).str.json_decode(pl.List(pl.Int64))
 
 

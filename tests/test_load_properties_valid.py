@@ -88,7 +88,11 @@ DTYPES = ["float", "c10::Half", "c10::BFloat16", "double", "int", "", "Scalar", 
 
 small_ints = st.integers(min_value=-3, max_value=70000) | st.sampled_from([0, 1, 2**31, 2**62])
 junk = st.recursive(
-    st.none() | st.booleans() | small_ints | st.floats(allow_nan=False) | st.text(max_size=6),
+    st.none()
+    | st.booleans()
+    | small_ints
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
     lambda inner: (
         st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=2)
     ),
@@ -220,7 +224,10 @@ def traces(draw: st.DrawFn) -> list[dict[str, Any]]:
             ("grid", st.lists(small_ints, max_size=4) | junk),
             ("block", st.lists(small_ints, max_size=4)),
             ("bytes", small_ints | junk),
-            ("est. achieved occupancy %", small_ints | st.floats(allow_nan=False)),
+            (
+                "est. achieved occupancy %",
+                small_ints | st.floats(allow_nan=False, allow_infinity=False),
+            ),
             ("registers per thread", small_ints),
         ):
             if draw(st.booleans()):
@@ -317,13 +324,17 @@ OP = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 
         ({**OP, "args": {"Input Dims": [[1e300]]}}, "shapes", "ops"),
         ({**OP, "args": {"Input Dims": "[[1][2]]"}}, "shapes", "ops"),
         ({**OP, "args": {"Input Strides": [[8, 1e40]]}}, "input_strides", "ops"),
+        ({**OP, "args": {"Concrete Inputs": ["\t"]}}, "concrete_inputs", "ops"),
+        ({**OP, "args": {"Input type": ["float\x1e"]}}, "input_types", "ops"),
+        ({**OP, "args": {"Input type": '["a""b"]'}}, "input_types", "ops"),
     ],
 )
 def test_a_list_the_json_decoder_cannot_read_is_null_not_a_crash(
     event: dict[str, Any], column: str, frame: str
 ) -> None:
-    """Found by the property above: a grid or shape whose text is not a JSON list of
-    integers Polars can decode (`1e300` reads back as 301 digits) made `load` raise
-    Polars' ComputeError, not a `TraceError`. Such a value is now null."""
+    """Found by the property above: a grid, shape or dtype list whose text Polars cannot
+    decode (`1e300` reads back as 301 digits; a tab is written back unescaped) made `load`
+    raise Polars' ComputeError, not a `TraceError`. Such a value is now null (the event's
+    `args` keep the text)."""
     trace = traceq.load(io.BytesIO(json.dumps({"traceEvents": [event]}).encode()))
     assert trace.frames[frame][column].to_list() == [None]

@@ -43,6 +43,10 @@ _INT = r"\s*-?\d{1,19}\s*"
 _INT_LIST = rf"\[(?:{_INT}(?:,{_INT})*|\s*)\]"
 _INT_LIST_TEXT = rf"^{_INT_LIST}$"
 _SHAPE_TEXT = rf"^\[(?:\s*{_INT_LIST}\s*(?:,\s*{_INT_LIST}\s*)*|\s*)\]$"  # nothing deeper
+# JSON strings, comma-separated; control characters (Polars writes them back unescaped,
+# then cannot read them) leave the list null, the event's `args` keep the text.
+_STR = r'\s*"(?:[^"\\\x00-\x1f]|\\.)*"\s*'
+_STR_LIST_TEXT = rf"^\[(?:{_STR}(?:,{_STR})*|\s*)\]$"
 
 
 def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
@@ -89,7 +93,7 @@ def shapes(column: str) -> pl.Expr:
 def str_list(column: str) -> pl.Expr:
     """'["float", "c10::BFloat16"]' -> ["float", "c10::BFloat16"]."""
     text = pl.col(column)
-    ok = text.str.contains(r'^\[\s*(?:"(?:[^"\\]|\\.)*"\s*,?\s*)*\]$')
+    ok = text.str.contains(_STR_LIST_TEXT)
     return pl.when(ok).then(text).str.json_decode(pl.List(pl.String))
 
 

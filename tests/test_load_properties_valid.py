@@ -338,3 +338,21 @@ def test_a_list_the_json_decoder_cannot_read_is_null_not_a_crash(
     `args` keep the text)."""
     trace = traceq.load(io.BytesIO(json.dumps({"traceEvents": [event]}).encode()))
     assert trace.frames[frame][column].to_list() == [None]
+
+
+@pytest.mark.parametrize(
+    "dims", [[[1, 2], [[3]]], [[1], [[]]], [[[1, 2]], [[3, 4]]]], ids=["nested", "empty", "deeper"]
+)
+def test_junk_shapes_leave_the_output_unknown_not_a_crash(dims: list[Any]) -> None:
+    """Found by the property above: `aten::mm` with a shape nested one level too deep
+    gave an "output shape" holding lists, and building the data-flow frame from it raised
+    a TypeError inside `analyze`. The output of such a call is now unknown."""
+    ops = [
+        {**OP, "args": {"Input Dims": dims, "Input type": ["float", "float"]}},
+        {**OP, "name": "aten::gelu", "ts": 3, "args": {"Input Dims": [[1, 2]]}},
+    ]
+    trace = traceq.load(io.BytesIO(json.dumps({"traceEvents": ops}).encode()))
+    analysis(trace)
+    assert trace.dataflow_ops.filter(pl.col("name") == "aten::mm")["output_shape"].to_list() == [
+        None
+    ]

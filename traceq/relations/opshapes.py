@@ -394,6 +394,8 @@ def signature(
         output = _output(kind, plain, op, dims, tensors, concrete)
     except (ValueError, IndexError, TypeError, ZeroDivisionError):
         output = None
+    if not _is_shape(output):  # junk dims (lists in lists) give junk out: unknown
+        output = None
     inputs = [(i, d) for i, d in tensors if i in _data_positions(kind, plain, i)]
     if kind == VIEW and plain in ("cat", "stack"):
         inputs = []
@@ -417,7 +419,8 @@ def _parse(text: str | None) -> list | None:
 
 
 def _is_shape(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) for v in value)
+    """A list of sizes: plain ints (a JSON `true` is not a size)."""
+    return isinstance(value, list) and all(type(v) is int for v in value)
 
 
 def _ints(text: str) -> list[int] | None:

@@ -187,7 +187,11 @@ def test_tq202_ignores_a_trailing_sync_with_no_work_after_it(load_shared) -> Non
     assert analyze(trace, select="TQ202") == []
 
 
-@pytest.mark.parametrize("path", CPU_FIXTURES, ids=[p.name for p in CPU_FIXTURES])
+# Adam's per-tensor loop reads its step counter with `aten::item`: a scalar read.
+NO_SCALAR_READS = [p for p in CPU_FIXTURES if "adam" not in p.name]
+
+
+@pytest.mark.parametrize("path", NO_SCALAR_READS, ids=[p.name for p in NO_SCALAR_READS])
 def test_tq202_is_silent_without_syncs_or_scalar_reads(path: Path) -> None:
     assert analyze(traceq.load(path), select="TQ202") == []
 

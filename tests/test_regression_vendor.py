@@ -1,6 +1,7 @@
 """Traces of one model on two vendors diff by op, not by kernel name.
 
-Uses HTA's AlexNet critical-path trace (facebookresearch/HolisticTraceAnalysis, MIT): the
+Uses HTA's AlexNet critical-path trace (facebookresearch/HolisticTraceAnalysis, MIT;
+bundled in fixtures/gpu, so it runs everywhere): the
 "other vendor" copy is that trace with every kernel renamed the way hipBLASLt/ROCm name
 theirs and the device called an MI300X — same ops, same times, other kernels.
 """
@@ -12,7 +13,7 @@ import json
 
 import polars as pl
 import pytest
-from conftest import SHARED_TRACES
+from conftest import shared_or_bundled
 
 import traceq
 from traceq.regression.diff import diff
@@ -22,9 +23,7 @@ ALEXNET = "hta/tests/data/critical_path/alexnet/benchmark_result_2869224_1695835
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[traceq.Trace, traceq.Trace]:
-    source = SHARED_TRACES / ALEXNET
-    if not source.exists():
-        pytest.skip("../shared/traces not present")
+    source = shared_or_bundled(ALEXNET)
     data = json.loads(gzip.decompress(source.read_bytes()))
     renamed: dict[str, str] = {}
     for event in data["traceEvents"]:

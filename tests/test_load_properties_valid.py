@@ -327,6 +327,7 @@ OP = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 
         ({**OP, "args": {"Concrete Inputs": ["\t"]}}, "concrete_inputs", "ops"),
         ({**OP, "args": {"Input type": ["float\x1e"]}}, "input_types", "ops"),
         ({**OP, "args": {"Input type": '["a""b"]'}}, "input_types", "ops"),
+        ({**OP, "args": {"Input type": ["\\0"]}}, "input_types", "ops"),
     ],
 )
 def test_a_list_the_json_decoder_cannot_read_is_null_not_a_crash(

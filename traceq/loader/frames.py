@@ -43,9 +43,10 @@ _INT = r"\s*-?\d{1,19}\s*"
 _INT_LIST = rf"\[(?:{_INT}(?:,{_INT})*|\s*)\]"
 _INT_LIST_TEXT = rf"^{_INT_LIST}$"
 _SHAPE_TEXT = rf"^\[(?:\s*{_INT_LIST}\s*(?:,\s*{_INT_LIST}\s*)*|\s*)\]$"  # nothing deeper
-# JSON strings, comma-separated; control characters (Polars writes them back unescaped,
-# then cannot read them) leave the list null, the event's `args` keep the text.
-_STR = r'\s*"(?:[^"\\\x00-\x1f]|\\.)*"\s*'
+# JSON strings, comma-separated, with JSON's escapes only: control characters and stray
+# backslashes (Polars writes them back unescaped, then cannot read them) leave the list
+# null; the event's `args` keep the text.
+_STR = r'\s*"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"\s*'
 _STR_LIST_TEXT = rf"^\[(?:{_STR}(?:,{_STR})*|\s*)\]$"
 
 

@@ -12,7 +12,7 @@ Three sets of traces feed the tests:
   elsewhere. A test that asks for a shared trace that is also bundled gets the bundled
   copy (the same bytes), so it runs without the folder.
 
-`kineto_case` is parametrized over every Kineto trace of both sets at session scope, so
+`kineto_case` is parametrized over every Kineto trace of the three sets at session scope, so
 pytest groups the tests that use it by trace: each trace is decoded once by traceq and
 once by the stdlib `json` (the independent reference), and released before the next.
 """

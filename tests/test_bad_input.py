@@ -39,6 +39,7 @@ def trace_json(*events: Any) -> bytes:
 
 
 GOOD = trace_json(event(), event(ts=11, dur=1))
+NESTED_60K = b'{"a": ' * 60_000 + b"1" + b"}" * 60_000
 
 
 def write(data: bytes, name: str = "bad.json") -> Maker:
@@ -172,6 +173,21 @@ CASES: dict[str, tuple[Maker, type[traceq.TraceError], str]] = {
         write(GOOD.replace(b"aten::mm", b"aten::\xff\xfe", 1)),
         TraceSchemaError,
         "UTF-8",
+    ),
+    "arrays nested 100k deep in traceEvents": (
+        write(b'{"traceEvents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        TraceFormatError,
+        r"JSON nested too deeply: 100,001 levels .* at byte 100015 ",
+    ),
+    "objects nested 60k deep in args": (
+        write(GOOD.replace(b'"dur": 5}', b'"dur": 5, "args": ' + NESTED_60K + b"}", 1)),
+        TraceFormatError,
+        "JSON nested too deeply: 60,003 levels",
+    ),
+    "objects nested 60k deep in a top-level key": (
+        write(GOOD.replace(b'"schemaVersion": 1', b'"distributedInfo": ' + NESTED_60K, 1)),
+        TraceFormatError,
+        "JSON nested too deeply: 60,001 levels",
     ),
     "gzip bomb": (zero_bomb, TraceTooLargeError, "gzip expands more than"),
     "a directory": (directory, TraceFileError, "is a directory"),

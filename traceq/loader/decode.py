@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ _CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]"
 _SUSPECT_ID = r"^(?:[\[{]|true$|false$|-?\d+(?:\.\d*)?(?:[eE]|\.))"
 _BLANK = re.compile(rb"\s*\Z")
 _BOM = b"\xef\xbb\xbf"
+_BRACKET_OR_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}]')
 # What JSON calls the types of decoded values (messages never say "NoneType" or "dict").
 JSON_TYPES: dict[type, str] = {
     str: "a string",
@@ -134,6 +136,8 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
         ) from None
     except msgspec.DecodeError as exc:
         raise TraceFormatError(_json_problem(str(exc), buf)) from None
+    except RecursionError:  # msgspec recurses per level, even into values kept raw
+        raise TraceFormatError(_nesting_problem(buf)) from None
     if isinstance(top, list):  # the format's "JSON Array" form: just the events
         metadata: dict[str, Any] = {}
         slices = top
@@ -191,6 +195,25 @@ def _json_problem(message: str, buf: bytes | bytearray | memoryview) -> str:
                 f"{at[1]} (it must be written escaped)"
             )
     return f"not valid JSON: {message.removeprefix('JSON is malformed: ')}"
+
+
+def _nesting_problem(buf: bytes | bytearray | memoryview) -> str:
+    """Where a document nests too deeply to decode (a trace's events are a few levels deep).
+
+    Runs only after the decoder gave up, so a scan in Python costs nothing on good input.
+    """
+    depth = deepest = where = 0
+    for token in _BRACKET_OR_STRING.finditer(buf):
+        if token[0] in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest, where = depth, token.start()
+        elif token[0] in (b"]", b"}"):
+            depth -= 1
+    return (
+        f"JSON nested too deeply: {deepest:,} levels of arrays or objects at byte {where} "
+        f"(the decoder stops near {sys.getrecursionlimit():,}; trace events nest a few levels)"
+    )
 
 
 def _parse_events(slices: list[msgspec.Raw]) -> pl.DataFrame:

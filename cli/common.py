@@ -8,9 +8,9 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -18,13 +18,47 @@ import traceq
 from traceq import Trace, TraceError
 
 FORMAT = click.Choice(["text", "json"])
-# Any path: a directory or a missing file is the library's to report (one line, exit 2),
-# where click would print a usage block.
-trace_argument = click.argument("trace", type=click.Path())
-# A trace, or a job: a directory, a glob pattern, or several files (one per rank).
-traces_argument = click.argument(
-    "trace", nargs=-1, required=True, type=click.Path(), metavar="TRACE"
-)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def trace_argument(command: F) -> F:
+    """The TRACE argument (any path: a directory or a missing file is the library's to report
+    in one line, exit 2, where click would print a usage block), and `--no-cache`."""
+    return _no_cache_option(click.argument("trace", type=click.Path())(command))
+
+
+def traces_argument(command: F) -> F:
+    """TRACE as a trace or a job (a directory, a glob pattern, or several files, one per
+    rank), and `--no-cache`."""
+    argument = click.argument("trace", nargs=-1, required=True, type=click.Path(), metavar="TRACE")
+    return _no_cache_option(argument(command))
+
+
+def _no_cache_option(command: F) -> F:
+    return click.option(
+        "--no-cache",
+        is_flag=True,
+        expose_value=False,
+        callback=_no_cache,
+        help="Load the trace from its JSON, neither reading nor writing the cache.",
+    )(command)
+
+
+def _no_cache(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`TRACEQ_CACHE=0` while this command runs, so every load in it (the library's too)
+    skips the cache; restored when the command ends (tests run many in one process)."""
+    if not value:
+        return
+    previous = os.environ.get("TRACEQ_CACHE")
+    os.environ["TRACEQ_CACHE"] = "0"
+
+    def restore() -> None:
+        if previous is None:
+            os.environ.pop("TRACEQ_CACHE", None)
+        else:
+            os.environ["TRACEQ_CACHE"] = previous
+
+    ctx.call_on_close(restore)
 
 
 class OutputError(TraceError):

@@ -30,6 +30,7 @@ COMMANDS = {
     "baseline": "traceq.cli.baseline:baseline",
     "check": "traceq.cli.check:check",
     "zoo": "traceq.cli.zoo:zoo",
+    "cache": "traceq.cli.cache:cache",
 }
 
 

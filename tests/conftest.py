@@ -19,11 +19,14 @@ once by the stdlib `json` (the independent reference), and released before the n
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -35,6 +38,12 @@ import pytest
 from hypothesis import settings
 
 import traceq
+
+# The suite never touches the user's real cache: off by default (the cache tests turn it on
+# in folders of their own), and pointed at a private folder for what runs in subprocesses.
+os.environ["TRACEQ_CACHE"] = "0"
+os.environ["TRACEQ_CACHE_DIR"] = tempfile.mkdtemp(prefix="traceq-test-cache-")
+atexit.register(shutil.rmtree, os.environ["TRACEQ_CACHE_DIR"], ignore_errors=True)
 
 # Loading even a tiny trace costs tens of ms, so property tests run 100 examples by
 # default; `HYPOTHESIS_PROFILE=thorough pytest ...` runs 3000 to hunt for rare failures.

@@ -1,4 +1,5 @@
-"""`load`: bytes -> decoded events -> typed, linked frames -> `Trace`."""
+"""`load`: bytes -> decoded events -> typed, linked frames -> `Trace` (or all that from the
+columnar cache, `traceq.loader.cache`, when the same file was loaded before)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import BinaryIO
 import polars as pl
 
 from traceq.errors import TraceError
+from traceq.loader import cache as C
 from traceq.loader import frames as F
 from traceq.loader.decode import decode
 from traceq.loader.source import describe, read_bytes
@@ -15,14 +17,26 @@ from traceq.relations import link
 from traceq.trace import Trace
 
 
-def load(src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None) -> Trace:
+def load(
+    src: str | os.PathLike[str] | BinaryIO,
+    *,
+    max_bytes: int | None = None,
+    cache: bool | None = None,
+) -> Trace:
     """Load a Kineto/Chrome trace (`.json`, `.json.gz`, path or binary file) into a `Trace`.
 
     `max_bytes` caps the (decompressed) size, against gzip bombs; by default
-    `TRACEQ_MAX_BYTES` or 32 GiB. Raises a `TraceError` subclass, with the file name in its
-    message, on bad input.
+    `TRACEQ_MAX_BYTES` or 32 GiB. `cache` (default: on unless `TRACEQ_CACHE=0`) reads and
+    writes the frames of a file given by path in the columnar cache. Raises a `TraceError`
+    subclass, with the file name in its message, on bad input.
     """
     name = describe(src)
+    entry = C.entry_for(src) if isinstance(src, (str, os.PathLike)) and C.enabled(cache) else None
+    cached = C.read(entry) if entry is not None else None
+    if cached is not None:
+        return Trace(
+            source=name, metadata=cached.metadata, events=cached.events, frames=cached.frames
+        )
     try:
         decoded = decode(read_bytes(src, max_bytes=max_bytes))
         frames = build_frames(decoded.events)
@@ -30,6 +44,8 @@ def load(src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None
         if exc.source is None:
             raise type(exc)(str(exc), source=name) from None
         raise
+    if entry is not None:
+        C.write(entry, decoded.metadata, decoded.events, frames)
     return Trace(source=name, metadata=decoded.metadata, events=decoded.events, frames=frames)
 
 

@@ -1,0 +1,335 @@
+"""A columnar cache of loaded traces: the typed, linked frames, so a second load reads
+columns instead of parsing JSON again (people run `analyze`, `query`, `check` on one trace
+over and over).
+
+**Where.** `TRACEQ_CACHE_DIR` when set, else the platform's user cache folder:
+`$XDG_CACHE_HOME/traceq` (default `~/.cache/traceq`) on Linux and other Unixes,
+`~/Library/Caches/traceq` on macOS, `%LOCALAPPDATA%\\traceq\\Cache` on Windows. These are
+the three rules platformdirs would apply; ten lines here are cheaper than a dependency.
+`TRACEQ_CACHE=0` (or `load(..., cache=False)`, `--no-cache` on the command line) turns the
+cache off.
+
+**Key.** An entry belongs to one file at one path: its resolved path, size, `st_mtime_ns`,
+and a BLAKE2 hash of sampled bytes (the first and last MiB, and 64 KiB at 32 evenly spaced
+offsets: 6 MiB at most, milliseconds to read). Size and mtime catch almost every change; the
+sample catches a rewrite that keeps both (`cp -p`, `rsync -t`, `touch -r`, a tar extract),
+at least wherever the bytes differ in a sampled region. Hashing the whole file would be
+exact but costs about a second per GB, as much as the cached load itself. The path is part
+of the key because a false hit gives wrong answers while a copy that misses costs one cold
+load. The key also holds `SCHEMA_VERSION`, a digest of the source of the modules that build
+the frames (a change there invalidates every entry even if nobody bumps the version), and
+the versions of traceq, Polars and msgspec.
+
+**Format.** One uncompressed ZIP per entry, `<key>.traceq.zip`: `meta.json` (the key's
+parts, the top-level metadata, each frame's rows and schema) and one Arrow IPC file per
+frame, zstd-compressed by Polars (the 2.16M-event trace's frames take ~60 MB instead of
+1.2 GB, and read as fast: decompression costs what the smaller read saves). ZIP gives each
+member a CRC-32, checked on every read.
+
+**Trust.** Nothing is trusted blindly: an entry whose format or key differs, that is
+truncated or corrupt (bad CRC, unreadable IPC, rows or schema other than `meta.json` says)
+is ignored, removed and rebuilt. Writers write a temporary file in the same folder and
+`os.replace` it onto the entry's name, so a reader sees a whole entry or none, and two
+processes loading one trace at once both succeed (the last rename wins; both entries are
+whole). The folder's size is bounded (`TRACEQ_CACHE_MAX_BYTES`, default 4 GiB): past it,
+the least recently used entries go (a hit refreshes an entry's mtime). A cache folder that
+cannot be created or written (read-only, disk full) means no cache, never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata as dist_metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import polars as pl
+
+# Bump when a frame's columns or meaning change; the source digest below is the safety net.
+SCHEMA_VERSION = 1
+FORMAT = "traceq-cache-1"
+DEFAULT_MAX_BYTES = 4 << 30
+SUFFIX = ".traceq.zip"
+TMP_PREFIX = ".tmp-"
+STALE_TMP_SECONDS = 3600  # a temporary file this old belongs to a process that died
+SAMPLE_EDGE = 1 << 20
+SAMPLE_PIECE = 64 << 10
+SAMPLE_COUNT = 32
+# The modules whose code decides what the frames hold.
+_FRAME_SOURCES = (
+    "loader/decode.py",
+    "loader/frames.py",
+    "loader/load.py",
+    "loader/source.py",
+    "relations/link.py",
+    "relations/nesting.py",
+)
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def enabled(requested: bool | None = None) -> bool:
+    """Whether to use the cache: `requested` when given, else unless `TRACEQ_CACHE=0`."""
+    if requested is not None:
+        return requested
+    return os.environ.get("TRACEQ_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def folder() -> Path:
+    """The cache folder (not created here)."""
+    explicit = os.environ.get("TRACEQ_CACHE_DIR", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    home = Path.home()
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(home / "AppData" / "Local")
+        return Path(base) / "traceq" / "Cache"
+    if sys.platform == "darwin":
+        return home / "Library" / "Caches" / "traceq"
+    return Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "traceq"
+
+
+def max_bytes() -> int:
+    """The folder's size limit: `TRACEQ_CACHE_MAX_BYTES`, else 4 GiB (bad values: default)."""
+    try:
+        return int(os.environ.get("TRACEQ_CACHE_MAX_BYTES", "").strip())
+    except ValueError:
+        return DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one file's frames are cached, and the facts that identify the file."""
+
+    path: Path
+    key: str
+    identity: dict[str, Any]
+
+
+def entry_for(src: str | os.PathLike[str]) -> Entry | None:
+    """The cache entry of a trace file; None when the file cannot be identified."""
+    try:
+        path = Path(src).resolve()
+        stat = path.stat()
+        sample = _sample_digest(path, stat.st_size)
+    except OSError:
+        return None  # missing or unreadable: the loader reports it
+    identity = {
+        "path": str(path),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sample_blake2b": sample,
+        "schema_version": SCHEMA_VERSION,
+        "code": _code_digest(),
+        "versions": _versions(),
+    }
+    key = hashlib.blake2b(msgspec.json.encode(identity), digest_size=16).hexdigest()
+    return Entry(path=folder() / f"{key}{SUFFIX}", key=key, identity=identity)
+
+
+def _sample_digest(path: Path, size: int) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        if size <= 2 * SAMPLE_EDGE + SAMPLE_COUNT * SAMPLE_PIECE:
+            digest.update(f.read())
+        else:
+            digest.update(f.read(SAMPLE_EDGE))
+            step = (size - 2 * SAMPLE_EDGE) // (SAMPLE_COUNT + 1)
+            for i in range(1, SAMPLE_COUNT + 1):
+                f.seek(SAMPLE_EDGE + i * step)
+                digest.update(f.read(SAMPLE_PIECE))
+            f.seek(size - SAMPLE_EDGE)
+            digest.update(f.read(SAMPLE_EDGE))
+    return digest.hexdigest()
+
+
+_code_digest_value: str | None = None
+
+
+def _code_digest() -> str:
+    global _code_digest_value
+    if _code_digest_value is None:
+        digest = hashlib.blake2b(digest_size=16)
+        for name in _FRAME_SOURCES:
+            with contextlib.suppress(OSError):
+                digest.update((_PACKAGE / name).read_bytes())
+        _code_digest_value = digest.hexdigest()
+    return _code_digest_value
+
+
+def _versions() -> dict[str, str]:
+    versions = {"polars": pl.__version__, "msgspec": msgspec.__version__}
+    with contextlib.suppress(dist_metadata.PackageNotFoundError):
+        versions["traceq"] = dist_metadata.version("traceq")
+    return versions
+
+
+@dataclass(frozen=True)
+class Cached:
+    """What a cache entry holds: everything `Trace` is made of but its source name."""
+
+    metadata: dict[str, Any]
+    events: pl.DataFrame
+    frames: dict[str, pl.DataFrame]
+
+
+def read(entry: Entry) -> Cached | None:
+    """The entry's frames, or None on a miss; a damaged or foreign entry is removed."""
+    try:
+        with zipfile.ZipFile(entry.path) as archive:
+            meta = msgspec.json.decode(archive.read("meta.json"))
+            if meta.get("format") != FORMAT or meta.get("key") != entry.key:
+                raise ValueError("another format or key")
+            frames = {
+                name: _read_frame(archive, name, spec) for name, spec in meta["frames"].items()
+            }
+    except FileNotFoundError:
+        return None
+    except Exception:  # any damage at all (zip, CRC, IPC, meta.json) means: rebuild
+        _remove(entry.path)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry.path)  # least recently used is evicted first
+    events = frames.pop("events")
+    return Cached(metadata=meta["metadata"], events=events, frames=frames)
+
+
+def _read_frame(archive: zipfile.ZipFile, name: str, spec: dict[str, Any]) -> pl.DataFrame:
+    frame = pl.read_ipc(archive.read(f"{name}.arrow"))  # ZipFile checks the CRC-32
+    if frame.height != spec["rows"] or _schema_text(frame) != spec["schema"]:
+        raise ValueError(f"frame {name} is not what meta.json says")
+    return frame
+
+
+def _schema_text(frame: pl.DataFrame) -> list[list[str]]:
+    return [[name, str(dtype)] for name, dtype in frame.schema.items()]
+
+
+def write(
+    entry: Entry, metadata: dict[str, Any], events: pl.DataFrame, frames: dict[str, pl.DataFrame]
+) -> bool:
+    """Store a loaded trace; False (and nothing left behind) when the folder refuses it."""
+    root = entry.path.parent
+    tmp: Path | None = None
+    again = entry_for(entry.identity["path"])
+    if again is None or again.key != entry.key:
+        return False  # the file changed while it was read: these frames are of neither
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        blobs = {name: _ipc(frame) for name, frame in {"events": events, **frames}.items()}
+        meta = {
+            "format": FORMAT,
+            "key": entry.key,
+            "identity": entry.identity,
+            "metadata": metadata,
+            "frames": {
+                name: {"rows": frame.height, "schema": _schema_text(frame)}
+                for name, frame in {"events": events, **frames}.items()
+            },
+        }
+        limit = max_bytes()
+        if sum(len(b) for b in blobs.values()) > limit:
+            return False
+        handle, name = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=SUFFIX, dir=root)
+        tmp = Path(name)
+        with os.fdopen(handle, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr("meta.json", msgspec.json.encode(meta))
+            for frame_name, blob in blobs.items():
+                archive.writestr(f"{frame_name}.arrow", blob)
+        os.replace(tmp, entry.path)
+        tmp = None
+        evict(limit, keep=entry.path)
+        return True
+    except (OSError, pl.exceptions.PolarsError, msgspec.EncodeError):
+        return False  # read-only, full, or gone: the trace loads without a cache
+    finally:
+        if tmp is not None:
+            _remove(tmp)
+
+
+def _ipc(frame: pl.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.write_ipc(buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def entries(root: Path | None = None) -> list[tuple[Path, os.stat_result]]:
+    """(path, stat) of every entry, least recently used first."""
+    root = folder() if root is None else root
+    found = []
+    with contextlib.suppress(OSError):
+        for path in root.iterdir():
+            if path.name.endswith(SUFFIX) and not path.name.startswith(TMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    found.append((path, path.stat()))
+    return sorted(found, key=lambda item: item[1].st_mtime_ns)
+
+
+def evict(limit: int, *, keep: Path | None = None) -> list[Path]:
+    """Remove least recently used entries until the folder holds at most `limit` bytes,
+    and temporary files left by processes that died."""
+    root = folder() if keep is None else keep.parent
+    _remove_stale_tmp(root)
+    found = entries(root)
+    total = sum(stat.st_size for _, stat in found)
+    removed = []
+    for path, stat in found:
+        if total <= limit:
+            break
+        if path == keep:
+            continue
+        _remove(path)
+        total -= stat.st_size
+        removed.append(path)
+    return removed
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    cutoff = time.time() - STALE_TMP_SECONDS
+    with contextlib.suppress(OSError):
+        for path in root.glob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+
+
+def clear() -> tuple[int, int]:
+    """Remove every entry (and temporary file); returns (entries, bytes) removed."""
+    found = entries()
+    for path, _ in found:
+        _remove(path)
+    with contextlib.suppress(OSError):
+        for path in folder().glob(f"{TMP_PREFIX}*"):
+            _remove(path)
+    return len(found), sum(stat.st_size for _, stat in found)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def describe() -> Iterator[tuple[str, str]]:
+    """Facts for `traceq cache info`."""
+    found = entries()
+    yield "folder", str(folder())
+    yield "enabled", "yes" if enabled() else "no (TRACEQ_CACHE=0)"
+    yield "entries", str(len(found))
+    yield "size", size_text(sum(stat.st_size for _, stat in found))
+    yield "limit", size_text(max_bytes()) + " (TRACEQ_CACHE_MAX_BYTES)"
+
+
+def size_text(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"

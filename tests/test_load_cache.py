@@ -49,13 +49,13 @@ def trace_file(tmp_path: Path) -> Path:
 def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Appends one item per JSON parse the loader does."""
     calls: list[int] = []
-    real = load_module.decode
+    real = load_module.decode_stream
 
-    def counting(buf):  # type: ignore[no-untyped-def]
+    def counting(*args):  # type: ignore[no-untyped-def]
         calls.append(1)
-        return real(buf)
+        return real(*args)
 
-    monkeypatch.setattr(load_module, "decode", counting)
+    monkeypatch.setattr(load_module, "decode_stream", counting)
     return calls
 
 

@@ -1,10 +1,13 @@
 """Decodes trace bytes into the top-level metadata and one Polars frame of raw events.
 
-The hot path creates no Python object per field: msgspec validates the JSON and splits
-`traceEvents` into raw slices, the slices are joined into NDJSON, and Polars parses them in
-Rust. Timestamps are rebuilt from their exact decimal text whenever float64 would round them,
-so `ts_ns`/`dur_ns` are exact integer nanoseconds. Every entry of `traceEvents` becomes one
-row of the frame (its position is the `event` column): nothing is dropped here.
+The hot path creates no Python object per field: `split` cuts the byte stream into raw
+event slices at top-level boundaries (`decode_stream`, piece by piece, so the document is
+never held whole), each batch of slices is joined into NDJSON, and Polars parses it in
+Rust. `decode` does the same on one whole buffer, with messages that count over the whole
+trace; it explains bad input. Timestamps are rebuilt from their exact decimal text whenever
+float64 would round them, so `ts_ns`/`dur_ns` are exact integer nanoseconds. Every entry of
+`traceEvents` becomes one row of the frame (its position is the `event` column): nothing is
+dropped here.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import io
 import re
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +23,7 @@ import msgspec
 import polars as pl
 
 from traceq.errors import TraceFileError, TraceFormatError, TraceSchemaError
+from traceq.loader.split import EventSlices
 
 # Keys of the Trace Event Format (Chrome's spec); values stay text unless numeric by spec.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
@@ -155,8 +160,39 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
             raise TraceSchemaError(
                 f"not a trace: 'traceEvents' is {_json_type(events_json)}, not an array"
             ) from None
-    events = _parse_events(slices)
-    _validate(events, slices)
+    frames = [
+        _parse_batch(slices[start : start + BATCH], start) for start in range(0, len(slices), BATCH)
+    ]
+    events = _concat(frames)
+    _require_valid(events)
+    _check_suspects(events, slices, 0)
+    return Decoded(metadata=metadata, events=events)
+
+
+def decode_stream(
+    pieces: Iterable[bytes], on_events: Callable[[int], None] | None = None
+) -> Decoded:
+    """Parse a trace piece by piece (`split.EventSlices`): one piece of the document and
+    the frame built so far are held, never the whole document. `on_events` hears the count
+    of events parsed after each piece.
+
+    Raises `Unsplittable` or a `TraceError` on bad input; the caller re-reads the file with
+    `decode`, whose messages (counted over the whole trace) are the ones users see.
+    """
+    split = EventSlices(pieces)
+    frames, start = [], 0
+    for slices in split:
+        for at in range(0, len(slices), BATCH):
+            batch = slices[at : at + BATCH]
+            frame = _parse_batch(batch, start)
+            _check_suspects(frame, batch, start)
+            frames.append(frame)
+            start += len(batch)
+        if on_events is not None:
+            on_events(start)
+    events = _concat(frames)
+    _require_valid(events)
+    metadata = {k: msgspec.json.decode(v) for k, v in split.metadata.items()}
     return Decoded(metadata=metadata, events=events)
 
 
@@ -216,11 +252,9 @@ def _nesting_problem(buf: bytes | bytearray | memoryview) -> str:
     )
 
 
-def _parse_events(slices: list[msgspec.Raw]) -> pl.DataFrame:
-    """One row per event, parsed in batches so that no copy of the whole document is made."""
-    frames = [
-        _parse_batch(slices[start : start + BATCH], start) for start in range(0, len(slices), BATCH)
-    ]
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The batches' frames as one (each batch is one chunk: later filters run 3x faster on
+    few chunks than on Polars' hundreds), or the empty frame with every column."""
     if not frames:
         empty = pl.DataFrame(schema={**EVENT_SCHEMA, "args": pl.String()})
         return (
@@ -343,7 +377,7 @@ def _float_us_to_ns(us: pl.Expr) -> pl.Expr:
     return whole.cast(pl.Int64) * 1000 + ((us - whole) * 1000).round().cast(pl.Int64)
 
 
-def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
+def _require_valid(events: pl.DataFrame) -> None:
     """Reject what no reader could interpret: the format's required fields and types."""
     _require(events, pl.col("ph").is_null(), "has no 'ph' (event phase)")
     timed = pl.col("ph").is_in(TIMED_PHASES)
@@ -361,6 +395,11 @@ def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
     )
     for key in ("name", "cat", "ph"):
         _require(events, pl.col(key).str.contains(_CONTROL), f"has a control character in '{key}'")
+
+
+def _check_suspects(events: pl.DataFrame, slices: list[msgspec.Raw], start: int) -> None:
+    """Re-read strictly the events whose text fields may have held another JSON type
+    (Polars writes a number or an object given for a string field as its text)."""
     suspects = events.filter(
         pl.any_horizontal(
             *(pl.col(f).str.contains(_SUSPECT_TEXT) for f in ("name", "cat", "ph")),
@@ -369,7 +408,7 @@ def _validate(events: pl.DataFrame, slices: list[msgspec.Raw]) -> None:
     )["event"]
     for event in suspects.to_list():
         try:
-            _STRICT.decode(slices[event])
+            _STRICT.decode(slices[event - start])
         except msgspec.DecodeError as err:
             raise _strict_problem(event, err) from None
 

@@ -1,15 +1,17 @@
 """Reads a trace's bytes from a path or a binary file, gunzipping and guarding against bombs.
 
-The decoder wants one contiguous buffer, so this module's only job is to produce it safely:
-gzip is detected by its magic bytes (not the file name), truncated or corrupt streams become
+`Stream` hands the (decompressed) bytes over in pieces, so the decoder never needs the
+whole expansion at once; `read_bytes` joins them for callers that want one buffer. gzip is
+detected by its magic bytes (not the file name), truncated or corrupt streams become
 `TraceFileError`, and decompression stops early when the output grows absurdly large.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,7 +20,6 @@ from traceq.errors import TraceFileError, TraceTooLargeError
 GZIP_MAGIC = b"\x1f\x8b"
 CHUNK = 16 << 20  # output per decompress call
 IN_CHUNK = 1 << 20  # compressed input per step
-_NUL_RUN = re.compile(rb"\x00*")  # padding some tools leave between or after members
 # A JSON trace compresses 5-30x (30x at most across ../shared/traces); past these limits
 # the input is a bomb or not a trace. Deflate peaks near 1032x, on runs of one byte.
 MAX_BYTES = 32 << 30
@@ -44,38 +45,115 @@ def describe(src: str | os.PathLike[str] | BinaryIO) -> str:
     return str(getattr(src, "name", "<stream>"))
 
 
+class Stream:
+    """A trace's (decompressed) bytes as pieces of about `CHUNK`, read as they are needed,
+    so no more than one piece of the file and one of its expansion is held at a time.
+
+    `total` is the file's size when known and `read` the bytes read from it so far (what a
+    progress display shows: for gzip, compressed bytes). Errors are `TraceFileError`s, each
+    raised when the bad part is reached. A path is opened on the first piece and closed
+    after the last; a file object is read from where it stands and left open.
+    """
+
+    def __init__(
+        self, src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None
+    ) -> None:
+        self.src = src
+        self.limit = max_bytes_allowed() if max_bytes is None else max_bytes
+        self.total: int | None = None
+        self.read = 0
+        if isinstance(src, (str, os.PathLike)):
+            path = Path(src)
+            if path.is_dir():
+                raise TraceFileError("is a directory, not a trace file")
+            try:
+                self.total = path.stat().st_size
+            except FileNotFoundError:
+                raise TraceFileError("no such file") from None
+            except OSError as exc:
+                raise TraceFileError(f"cannot read: {exc.strerror or exc}") from None
+            if self.total > self.limit:
+                raise _too_large(self.total, self.limit)
+
+    def __iter__(self) -> Iterator[bytes]:
+        if isinstance(self.src, (str, os.PathLike)):
+            try:
+                file = Path(self.src).open("rb")  # noqa: SIM115 - closed below, after the last piece
+            except OSError as exc:
+                raise TraceFileError(f"cannot read: {exc.strerror or exc}") from None
+            with file:
+                yield from self._pieces(file)
+        else:
+            yield from self._pieces(self.src)
+
+    def _pieces(self, file: BinaryIO) -> Iterator[bytes]:
+        first = self._read(file, IN_CHUNK)
+        if not first:
+            raise TraceFileError("empty file")
+        if first[:2] == GZIP_MAGIC:
+            yield from self._gunzip(file, first)
+            return
+        data, size = first, 0
+        while data:
+            size += len(data)
+            if size > self.limit:
+                raise TraceTooLargeError(
+                    f"is over the {_size(self.limit)} limit (set TRACEQ_MAX_BYTES to allow more)"
+                )
+            yield data
+            data = self._read(file, CHUNK)
+
+    def _read(self, file: BinaryIO, n: int) -> bytes:
+        try:
+            data = file.read(n)
+        except OSError as exc:
+            raise TraceFileError(f"cannot read: {exc.strerror or exc}") from None
+        if isinstance(data, str):
+            data = data.encode()
+        self.read += len(data)
+        return data
+
+    def _gunzip(self, file: BinaryIO, data: bytes) -> Iterator[bytes]:
+        """Decompress gzip (multi-member too) piece by piece, refusing bombs and truncated
+        streams. Input is fed 1 MiB at a time, so the ratio check sees the bytes consumed so
+        far (a bomb is stopped after RATIO_FLOOR of output, however long the file)."""
+        size = 0
+        while True:  # one gzip member per turn
+            member = zlib.decompressobj(wbits=31)
+            while not member.eof:
+                if not data:
+                    data = self._read(file, IN_CHUNK)
+                    if not data:
+                        raise TraceFileError("truncated gzip stream (the file ends mid-way)")
+                try:
+                    piece = member.decompress(data, CHUNK)
+                except zlib.error as exc:
+                    raise TraceFileError(f"corrupt gzip data ({exc})") from None
+                data = member.unconsumed_tail
+                size += len(piece)
+                _check_size(size, self.read - len(data) - len(member.unused_data), self.limit)
+                if piece:
+                    yield piece
+            data = member.unused_data
+            while len(data := data.lstrip(b"\x00")) < 2:  # padding between or after members
+                more = self._read(file, IN_CHUNK)
+                if not more:
+                    break
+                data += more
+            if data[:2] != GZIP_MAGIC:
+                break  # the end, or trailing garbage after the last member, as gzip(1) tolerates
+        if not size:
+            raise TraceFileError("gzip holds an empty file")
+
+
 def read_bytes(
     src: str | os.PathLike[str] | BinaryIO, *, max_bytes: int | None = None
 ) -> bytes | bytearray:
     """Return the (decompressed) bytes of a trace file, at most `max_bytes` of them."""
-    limit = max_bytes_allowed() if max_bytes is None else max_bytes
-    if isinstance(src, (str, os.PathLike)):
-        path = Path(src)
-        if path.is_dir():
-            raise TraceFileError("is a directory, not a trace file")
-        try:
-            size = path.stat().st_size
-            if size > limit:
-                raise _too_large(size, limit)
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise TraceFileError("no such file") from None
-        except OSError as exc:
-            raise TraceFileError(f"cannot read: {exc.strerror or exc}") from None
-    else:
-        try:
-            raw = src.read()
-        except OSError as exc:
-            raise TraceFileError(f"cannot read: {exc.strerror or exc}") from None
-        if isinstance(raw, str):
-            raw = raw.encode()
-    if not raw:
-        raise TraceFileError("empty file")
-    if raw[:2] == GZIP_MAGIC:
-        return gunzip(raw, max_bytes=limit)
-    if len(raw) > limit:
-        raise _too_large(len(raw), limit)
-    return raw
+    out = bytearray()
+    for piece in Stream(src, max_bytes=max_bytes):
+        out += piece
+    return out
 
 
 def _too_large(size: int, limit: int) -> TraceTooLargeError:
@@ -85,39 +163,8 @@ def _too_large(size: int, limit: int) -> TraceTooLargeError:
 
 
 def gunzip(raw: bytes, *, max_bytes: int = MAX_BYTES) -> bytearray:
-    """Decompress gzip (multi-member too) in chunks, refusing bombs and truncated streams.
-
-    Input is fed 1 MiB at a time, so the ratio check sees the bytes consumed so far (a bomb
-    is stopped after RATIO_FLOOR of output, however long the file) and no call copies the
-    rest of a large input.
-    """
-    out = bytearray()
-    view = memoryview(raw)
-    pos = 0
-    while True:
-        stream = zlib.decompressobj(wbits=31)
-        at, data = pos, b""
-        try:
-            while not stream.eof:
-                if at >= len(raw):
-                    raise TraceFileError("truncated gzip stream (the file ends mid-way)")
-                data = view[at : at + IN_CHUNK]
-                at += len(data)
-                while True:
-                    piece = stream.decompress(data, CHUNK)
-                    out += piece
-                    data = stream.unconsumed_tail
-                    _check_size(len(out), at - len(data), max_bytes)
-                    if stream.eof or (not data and len(piece) < CHUNK):
-                        break
-        except zlib.error as exc:
-            raise TraceFileError(f"corrupt gzip data ({exc})") from None
-        pos = _NUL_RUN.match(raw, at - len(data) - len(stream.unused_data)).end()
-        if bytes(view[pos : pos + 2]) != GZIP_MAGIC:
-            break  # the end, or trailing garbage after the last member, as gzip(1) tolerates
-    if not out:
-        raise TraceFileError("gzip holds an empty file")
-    return out
+    """Decompress a whole gzip file held in memory (see `Stream`)."""
+    return read_bytes(io.BytesIO(raw), max_bytes=max_bytes)
 
 
 def _check_size(size: int, compressed: int, max_bytes: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 import traceq
+import traceq.loader.load
 from traceq import Trace, TraceError
 
 FORMAT = click.Choice(["text", "json"])
@@ -134,8 +135,63 @@ def progress(message: str, *, delay: float = 1.0) -> Iterator[None]:
 
 
 def load(path: str) -> Trace:
-    with progress(f"Loading {path} ..."):
+    """Load a trace, with a progress bar on stderr when it is a terminal (not in pipes, CI)."""
+    console = _terminal()
+    if console is None:
         return traceq.load(path)
+    with LoadBar(path, console) as bar:
+        return traceq.load(path, progress=bar.update)
+
+
+def _terminal() -> Any:
+    if not sys.stderr.isatty() or os.environ.get("CI"):
+        return None
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+class LoadBar:
+    """One load's progress: phase, bytes read of the file's size (compressed bytes for gzip),
+    events parsed, time left. Shown only once the load takes over `delay` seconds, and
+    cleared when it ends."""
+
+    def __init__(self, path: str, console: Any, *, delay: float = 1.0) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self._path = path
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[events]:,} events"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task = self._bar.add_task(f"Loading {path}", total=None, events=0)
+        self._timer = threading.Timer(delay, self._bar.start)
+
+    def __enter__(self) -> LoadBar:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._timer.cancel()
+        self._bar.stop()
+
+    def update(self, state: traceq.loader.load.Progress) -> None:
+        sizes = {"completed": state.read} if state.read else {}
+        if state.total is not None:
+            sizes["total"] = state.total
+        description = f"{state.phase.capitalize()} {self._path}"
+        self._bar.update(self._task, description=description, events=state.events, **sizes)
 
 
 def echo_json(data: Any) -> None:

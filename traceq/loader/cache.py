@@ -55,6 +55,8 @@ from typing import Any
 import msgspec
 import polars as pl
 
+from traceq.loader.decode import without_null_storage
+
 # Bump when a frame's columns or meaning change; the source digest below is the safety net.
 SCHEMA_VERSION = 1
 FORMAT = "traceq-cache-1"
@@ -207,7 +209,7 @@ def _read_frame(archive: zipfile.ZipFile, name: str, spec: dict[str, Any]) -> pl
     frame = pl.read_ipc(archive.read(f"{name}.arrow"))  # ZipFile checks the CRC-32
     if frame.height != spec["rows"] or _schema_text(frame) != spec["schema"]:
         raise ValueError(f"frame {name} is not what meta.json says")
-    return frame
+    return without_null_storage(frame)
 
 
 def _schema_text(frame: pl.DataFrame) -> list[list[str]]:

@@ -264,7 +264,20 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
             )
             .drop("ts", "dur")
         )
-    return pl.concat(frames)
+    return without_null_storage(pl.concat(frames))
+
+
+def without_null_storage(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with each all-null column as a broadcast null (Polars stores it as one
+    scalar): a String column keeps a 16-byte view per row even for nulls, and 8 of the 20
+    event columns (`tts`, `id2`, `stack`, ...) are null in every row of a Kineto trace:
+    ~250 MB on 2.16M events. Values and dtypes are unchanged."""
+    empty = [
+        name for name, column in frame.to_dict().items() if column.null_count() == frame.height
+    ]
+    if not frame.height or not empty:
+        return frame
+    return frame.with_columns(pl.lit(None, frame.schema[name]).alias(name) for name in empty)
 
 
 def _parse_batch(batch: list[msgspec.Raw], start: int) -> pl.DataFrame:
@@ -281,7 +294,7 @@ def _parse_batch(batch: list[msgspec.Raw], start: int) -> pl.DataFrame:
     frame = frame.with_row_index("event", offset=start).with_columns(
         _args_column(args, start, len(batch))
     )
-    return _with_exact_times(frame, fields, ndjson)
+    return without_null_storage(_with_exact_times(frame, fields, ndjson))
 
 
 def _args_column(text: bytes, start: int, n: int) -> pl.Series:

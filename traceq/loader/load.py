@@ -13,7 +13,7 @@ import polars as pl
 from traceq.errors import TraceError, TraceFormatError, TraceSchemaError
 from traceq.loader import cache as C
 from traceq.loader import frames as F
-from traceq.loader.decode import Decoded, decode, decode_stream
+from traceq.loader.decode import Decoded, decode, decode_stream, without_null_storage
 from traceq.loader.source import Stream, describe, read_bytes
 from traceq.loader.split import Unsplittable
 from traceq.relations import link
@@ -137,4 +137,4 @@ def build_frames(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     frames["kernels"] = frames["kernels"].join(
         op_modules, on="op_event", how="left", maintain_order="left"
     )
-    return frames
+    return {name: without_null_storage(frame) for name, frame in frames.items()}

@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ from polars.testing import assert_frame_equal
 import traceq
 from traceq.loader import load as load_module
 from traceq.loader import split
-from traceq.loader.decode import decode, decode_stream
+from traceq.loader.decode import decode, decode_stream, without_null_storage
 from traceq.loader.source import Stream
 
 # Strings that look like event boundaries, nested values that end in `},`, escapes.
@@ -199,3 +200,14 @@ def test_stream_reports_bytes_read_of_the_total(fixture_traces: list[Path]) -> N
     out = b"".join(stream)
     assert stream.read == stream.total
     assert out == zlib.decompress(path.read_bytes(), wbits=31)
+
+
+def test_all_null_columns_keep_their_values_and_dtypes() -> None:
+    frame = pl.DataFrame(
+        {"a": [1, 2, 3], "s": [None, None, None], "f": [None, 1.5, None]},
+        schema={"a": pl.Int64, "s": pl.String, "f": pl.Float64},
+    )
+    compact = without_null_storage(frame)
+    assert_frame_equal(compact, frame)
+    assert compact.filter(pl.col("a") > 1)["s"].to_list() == [None, None]
+    assert_frame_equal(without_null_storage(frame.clear()), frame.clear())

@@ -204,7 +204,7 @@ def _cpu_device() -> dict[str, Any]:
 
 
 def _critical_path_task(task: Any, region: Any, top: int) -> dict[str, Any]:
-    from traceq.loader.load import load
+    from traceq.pipeline import load
     from traceq.relations.critical_path import critical_path
 
     return critical_path(load(task.path), region).to_dict(top=top)

@@ -9,7 +9,7 @@ from traceq.errors import (
     TraceSchemaError,
     TraceTooLargeError,
 )
-from traceq.loader.load import load
+from traceq.pipeline import load
 from traceq.trace import Trace
 
 __version__ = "0.1.0"

@@ -42,7 +42,7 @@ class JobAnalysis:
 
 def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
     """The map step: one rank's summary and its single-trace findings (as plain dicts)."""
-    from traceq.loader.load import load
+    from traceq.pipeline import load
     from traceq.rules.engine import run
 
     trace = load(task.path)

@@ -80,7 +80,7 @@ class TraceRegression:
     ) -> CheckResult | None:
         """Compare `trace_path` with this test's baseline; write the baseline when there is
         none yet or `--traceq-update` is given. Fails the test on a regression."""
-        from traceq.loader.load import load
+        from traceq.pipeline import load
         from traceq.regression.baseline import load_baseline, save_baseline
         from traceq.regression.check import check
         from traceq.regression.render import render_check

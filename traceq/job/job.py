@@ -31,7 +31,7 @@ JobSource = str | os.PathLike[str] | list[str | os.PathLike[str]]
 
 def summarize_task(task: Task) -> RankSummary:
     """Map step of `Job.frames`: load one rank and reduce it to its `RankSummary`."""
-    from traceq.loader.load import load
+    from traceq.pipeline import load
 
     return summarize(load(task.path), task.rank, task.rank_source)
 
@@ -237,7 +237,7 @@ class Job:
     def trace(self, rank: int) -> Trace:
         """Rank `rank`'s full `Trace`, loaded on first use (and kept)."""
         if rank not in self._traces:
-            from traceq.loader.load import load
+            from traceq.pipeline import load
 
             self._traces[rank] = load(self.path(rank))
         return self._traces[rank]

@@ -73,6 +73,7 @@ _FRAME_SOURCES = (
     "loader/frames.py",
     "loader/load.py",
     "loader/source.py",
+    "pipeline.py",
     "relations/link.py",
     "relations/nesting.py",
 )

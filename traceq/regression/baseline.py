@@ -299,6 +299,6 @@ def load_summary(path: str | os.PathLike[str], findings: bool | None = None) -> 
     """A baseline file or a full trace, whichever `path` holds, as a `Summary`."""
     if is_baseline_file(path):
         return load_baseline(path)
-    from traceq.loader.load import load
+    from traceq.pipeline import load
 
     return summarize(load(path), findings=findings)

@@ -57,7 +57,7 @@ class JobSummaries:
 
 
 def _summary_task(task: Task, findings: bool | None) -> Summary:
-    from traceq.loader.load import load
+    from traceq.pipeline import load
     from traceq.regression.summary import summarize
 
     return summarize(load(task.path), findings=findings)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from traceq.loader import frames as F
+from traceq.loader.decode import without_null_storage
 from traceq.loader.frames import MODULE_PREFIX
 from traceq.relations.nesting import NONE, depths, enclosing, parents
 
@@ -185,3 +187,38 @@ def attribute_modules(frame: pl.DataFrame, mods: pl.DataFrame) -> pl.Series:
     mod_parent = parents(*_intervals(mods, mod_group))
     found = enclosing(_intervals(frame, row_group), _intervals(mods, mod_group), mod_parent)
     return mods["path"].gather(_positions(found)).alias("module")
+
+
+def link_frames(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """All typed frames of one trace (`loader.frames`), linked to each other: ops nested,
+    launches joined to their kernels and ops, everything placed in its step and module."""
+    events = F.with_category_key(events)
+    ops = nest_ops(F.ops(events))
+    runtime = link_runtime(F.runtime(events), ops)
+    kernels = link_kernels(F.kernels(events), runtime, ops)
+    python = F.python(events)
+    module_calls = modules(python)
+    points = F.flow_points(events)
+    frames = {
+        "ops": ops,
+        "kernels": kernels,
+        "runtime": runtime,
+        "annotations": F.annotations(events),
+        "steps": F.steps(events),
+        "python": python,
+        "modules": module_calls,
+        "flows": F.flows(points),
+        "flow_points": points,
+        "syncs": F.syncs(events),
+        "counters": F.counters(events),
+        "instants": F.instants(events),
+        "threads": F.threads(events),
+        "other": F.other(events),
+    }
+    attribute_steps(frames)
+    frames["ops"] = frames["ops"].with_columns(attribute_modules(frames["ops"], module_calls))
+    op_modules = frames["ops"].select(pl.col("event").alias("op_event"), pl.col("module"))
+    frames["kernels"] = frames["kernels"].join(
+        op_modules, on="op_event", how="left", maintain_order="left"
+    )
+    return {name: without_null_storage(frame) for name, frame in frames.items()}

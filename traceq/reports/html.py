@@ -174,7 +174,7 @@ def report(
 
 def _resolve(source: Any) -> tuple[Trace, list[Rank]]:
     """(the trace the page is about, the job's ranks or [])."""
-    from traceq.loader.load import load
+    from traceq.pipeline import load
     from traceq.trace import Trace
 
     if isinstance(source, Trace):
@@ -196,7 +196,7 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 
 def load_ranks(directory: Path) -> list[Rank]:
     """Every trace file directly in `directory` (`*.json`, `*.json.gz`), loaded, by rank."""
-    from traceq.loader.load import load
+    from traceq.pipeline import load
 
     files = sorted(
         p for p in directory.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)

@@ -8,6 +8,7 @@ checkout's own folders cannot answer them.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -46,7 +47,13 @@ def _pip(*args: str) -> None:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    _pip("wheel", "--no-build-isolation", "-w", str(out), str(REPO))
+    # setuptools builds in the source tree's build/; leave the checkout as it was found.
+    had_build = (REPO / "build").exists()
+    try:
+        _pip("wheel", "--no-build-isolation", "-w", str(out), str(REPO))
+    finally:
+        if not had_build:
+            shutil.rmtree(REPO / "build", ignore_errors=True)
     (built,) = out.glob("traceq-*.whl")
     return built
 

@@ -24,6 +24,7 @@ import polars as pl
 
 from traceq.relations import opshapes
 from traceq.relations.matching import CONFIDENCE, THREAD, numel_key, shape_edges, shape_key
+from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
 
 if TYPE_CHECKING:
@@ -35,6 +36,23 @@ COMPILED_REGION = r"^(Torch-Compiled Region|CompiledFunction|## Call CompiledFxG
 """Non-semantic ops whose children run a compiled graph (buffers reinterpreted freely)."""
 REDUCING_FUSED = r"(?i)(_red_|_per_|mean|sum|amax|amin|var|std|norm|softmax|argm)"
 """Fused kernels whose names say they reduce: their output shape is not their input's."""
+RETURNS_INPUT = frozenset(
+    {
+        "aten::to",
+        "aten::type_as",
+        "aten::contiguous",
+        "aten::dropout",
+        "aten::feature_dropout",
+        "aten::alpha_dropout",
+        "aten::lift_fresh",
+        "aten::resolve_conj",
+        "aten::resolve_neg",
+    }
+)
+"""Ops that return their input itself when they run no op of their own: `x.to(dtype)` with
+x already of that dtype, `contiguous()` on a contiguous tensor, dropout in eval mode. Such
+an op writes nothing (an Execution Trace records no output for it), so whoever reads its
+result reads the tensor its input came from."""
 
 _SIG_KEYS = ["name", "input_dims", "_types_text", "_concrete_text"]
 _SIG_TEXT = [
@@ -202,14 +220,14 @@ def dataflow(
         from traceq.relations.execution_trace import replace_inferred
 
         return replace_inferred(dataflow(trace, ops), trace, execution_trace, ops)
-    nodes = _numbered(ops)
+    nodes = _numbered(ops, module_calls(trace, ops))
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
     parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes))
     parts = [e for e in parts if e.height]
     if not parts:
         return pl.DataFrame(schema=_EDGE_SCHEMA)
-    edges = pl.concat(parts, how="diagonal_relaxed")
+    edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")
@@ -222,8 +240,72 @@ def dataflow(
     )
 
 
-def _numbered(ops: pl.DataFrame) -> pl.DataFrame:
-    """Ops in thread order (`_seq`), with matching keys and the scope of their result."""
+def returned_inputs(trace: Trace, ops: pl.DataFrame) -> pl.Series:
+    """Events of the `ops` that returned their input: named in `RETURNS_INPUT`, and every op
+    they ran (two levels down: a no-op `type_as` runs a no-op `to`) is one too; a copying
+    `to` runs `_to_copy`, a training dropout `bernoulli_`."""
+    named = ops.filter(pl.col("name").is_in(list(RETURNS_INPUT))).select("event")
+    if named.height == 0:
+        return named["event"]
+    tree = trace.ops.filter(pl.col("parent").is_not_null()).select(
+        pl.col("event").cast(pl.Int64).alias("_child"),
+        pl.col("parent").cast(pl.Int64).alias("event"),
+        "name",
+    )
+    children = tree.join(named, on="event", how="semi")
+    grandchildren = tree.join(
+        children.select(pl.col("_child").alias("event"), pl.col("event").alias("_root")),
+        on="event",
+    ).select(pl.col("_root").alias("event"), "name")
+    writing = pl.concat([children.select("event", "name"), grandchildren]).filter(
+        ~pl.col("name").is_in(list(RETURNS_INPUT))
+    )
+    return named.join(writing, on="event", how="anti")["event"]
+
+
+def _through_returned_inputs(
+    edges: pl.DataFrame, trace: Trace, ops: pl.DataFrame, max_hops: int = 4
+) -> pl.DataFrame:
+    """Edges out of an op that returned its input (`returned_inputs`) start at that input's
+    producer instead: `embedding -> to (no-op) -> pow` reads `embedding -> pow`. An input
+    with no producer (a parameter, a graph input) leaves its readers with no edge."""
+    aliases = returned_inputs(trace, ops)
+    if aliases.len() == 0 or edges.height == 0:
+        return edges
+    alias = pl.DataFrame({"_alias": aliases})
+    source = (
+        edges.join(alias, left_on="consumer", right_on="_alias", how="semi")
+        .sort("consumer", "input_index", "confidence", descending=[False, False, True])
+        .unique("consumer", keep="first", maintain_order=True)
+        .select(
+            pl.col("consumer").alias("_alias"),
+            pl.col("producer").alias("_source"),
+            pl.col("confidence").alias("_source_confidence"),
+        )
+    )
+    for _ in range(max_hops):
+        out = edges.join(alias, left_on="producer", right_on="_alias", how="semi")
+        if out.height == 0:
+            break
+        rewired = out.join(source, left_on="producer", right_on="_alias").select(
+            pl.col("_source").alias("producer"),
+            "consumer",
+            "input_index",
+            "shape",
+            pl.min_horizontal("confidence", "_source_confidence").alias("confidence"),
+            pl.concat_str("evidence", pl.lit("+returned-input")).alias("evidence"),
+        )
+        kept = edges.join(alias, left_on="producer", right_on="_alias", how="anti")
+        edges = pl.concat([kept, rewired], how="diagonal_relaxed")
+    return edges
+
+
+def _numbered(ops: pl.DataFrame, calls: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Ops in thread order (`_seq`), with matching keys and the module call they ran in.
+
+    `calls` (`module_calls`) gives each op `_call` (its innermost `nn.Module` call, -1 for
+    none), `_top` (its outermost one) and `_scope_start`/`_scope_end`: the module call its
+    result can still be read in (null: anywhere)."""
     nodes = (
         ops.sort("pid", "tid", "ts_ns", "event")
         .with_row_index("_seq")
@@ -241,11 +323,105 @@ def _numbered(ops: pl.DataFrame) -> pl.DataFrame:
             .alias("_multi"),
             numel_key(pl.col("data_inputs").list.first().struct.field("shape")).alias("_in_numel"),
         )
-        .with_columns(
-            pl.col("_module").shift(-1).over("pid", "tid").fill_null("").alias("_next_module")
-        )
     )
-    return _with_keys(nodes.join(_scopes(nodes), on=["_module", "_next_module"], how="left"))
+    if calls is None:
+        calls = pl.DataFrame(schema=_CALL_SCHEMA)
+    nodes = nodes.join(calls, on="event", how="left").with_columns(
+        pl.col("_call").fill_null(-1), pl.col("_top").fill_null(-1)
+    )
+    return _with_keys(nodes)
+
+
+_CALL_SCHEMA = {
+    "event": pl.Int64,
+    "_call": pl.Int64,
+    "_top": pl.Int64,
+    "_scope_start": pl.Int64,
+    "_scope_end": pl.Int64,
+}
+
+
+def module_calls(trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
+    """The `nn.Module` call each op ran in, as call *instances* (event ids), not paths.
+
+    A module path repeats: an ensemble or a `generate` loop calls the same model again, a
+    block may be applied twice in one forward. Paths cannot tell those calls apart; the
+    module call events (`with_stack`/`with_modules`) can. Columns: event, `_call`
+    (innermost call), `_top` (outermost call: one forward of a model), and the scope of the
+    op's result: the innermost call still open when the next op on the thread starts
+    (a call that ended with the op may have returned its result; one that goes on keeps it
+    inside: encapsulation), as `_scope_start`/`_scope_end` (null: visible anywhere).
+    """
+    mods = trace.modules
+    if mods.height == 0 or ops.height == 0:
+        return pl.DataFrame(schema=_CALL_SCHEMA)
+    mods = mods.sort("event")
+    frame = ops.select(
+        pl.col("event").cast(pl.Int64),
+        "pid",
+        "tid",
+        "ts_ns",
+        (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
+    ).sort("pid", "tid", "ts_ns", "event")
+    shared = set(frame["tid"].unique().to_list()) & set(mods["tid"].unique().to_list())
+    keys = pl.concat([frame.select("pid", "tid"), mods.select("pid", "tid")]).unique()
+    keys = keys.with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
+
+    def group(f: pl.DataFrame) -> np.ndarray:
+        if not shared:  # module frames on another thread id (tid 0): time alone decides
+            return np.zeros(f.height, dtype=np.int64)
+        return f.join(keys, on=["pid", "tid"], how="left", maintain_order="left")["_g"].to_numpy()
+
+    mod_events = mods["event"].cast(pl.Int64).to_numpy()
+    mod_parent_event = mods["parent"].fill_null(-1).cast(pl.Int64).to_numpy()
+    pos = np.searchsorted(mod_events, mod_parent_event)
+    pos = np.clip(pos, 0, len(mod_events) - 1)
+    mod_parent = np.where((mod_parent_event >= 0) & (mod_events[pos] == mod_parent_event), pos, -1)
+    starts, ends = mods["ts_ns"].to_numpy(), mods["end_ns"].to_numpy()
+    fg = group(frame)
+    inner = enclosing(
+        (fg, frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()),
+        (group(mods), starts, ends),
+        mod_parent,
+    )
+    top = inner.copy()
+    live = np.flatnonzero(top >= 0)
+    while live.size:
+        up = mod_parent[top[live]]
+        moved = up >= 0
+        top[live[moved]] = up[moved]
+        live = live[moved]
+    # the scope: the innermost call still open when the next op on the thread starts
+    ts = frame["ts_ns"].to_numpy()
+    same_thread = np.r_[fg[1:] == fg[:-1], False]
+    next_ts = np.where(same_thread, np.r_[ts[1:], 0], np.iinfo(np.int64).max)
+    scope = inner.copy()
+    live = np.flatnonzero(scope >= 0)
+    while live.size:
+        closed = ends[scope[live]] <= next_ts[live]
+        live = live[closed]
+        scope[live] = mod_parent[scope[live]]
+        live = live[scope[live] >= 0]
+
+    def events(at: np.ndarray) -> pl.Series:
+        return pl.Series(np.where(at >= 0, mod_events[np.maximum(at, 0)], -1)).replace(-1, None)
+
+    return (
+        pl.DataFrame(
+            {
+                "event": frame["event"],
+                "_call": events(inner),
+                "_top": events(top),
+                "_scope_start": pl.Series(np.where(scope >= 0, starts[np.maximum(scope, 0)], -1)),
+                "_scope_end": pl.Series(np.where(scope >= 0, ends[np.maximum(scope, 0)], -1)),
+            }
+        )
+        .with_columns(
+            pl.when(pl.col("_scope_start") >= 0).then(pl.col("_scope_start")).alias("_scope_start"),
+            pl.when(pl.col("_scope_end") >= 0).then(pl.col("_scope_end")).alias("_scope_end"),
+        )
+        .cast(_CALL_SCHEMA)
+    )
 
 
 def _with_keys(nodes: pl.DataFrame) -> pl.DataFrame:
@@ -253,25 +429,6 @@ def _with_keys(nodes: pl.DataFrame) -> pl.DataFrame:
         shape_key(pl.col("output_shape")).alias("_out_shape"),
         numel_key(pl.col("output_shape")).alias("_out_numel"),
     )
-
-
-def _scopes(nodes: pl.DataFrame) -> pl.DataFrame:
-    """Where an op's result can be read: the module calls still open after the op.
-
-    Modules the op was the last of may have returned its result; a module that goes on
-    after it keeps it inside (encapsulation). So the scope is the common prefix of the
-    op's module path and the next op's. One Python step per distinct pair of paths.
-    """
-    pairs = nodes.select("_module", "_next_module").unique()
-    scopes = []
-    for module, after in pairs.iter_rows():
-        common = []
-        for a, b in zip(module.split("."), after.split("."), strict=False):
-            if a != b:
-                break
-            common.append(a)
-        scopes.append(".".join(common))
-    return pairs.with_columns(pl.Series("_scope", scopes, dtype=pl.String))
 
 
 def _unshaped(confidence: pl.Expr, evidence: str) -> list[pl.Expr]:

@@ -203,7 +203,17 @@ def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:
     )
     return (
         nodes.select(
-            "event", "name", "_seq", *THREAD[:2], "_step", "_module", "_loose", "data_inputs"
+            "event",
+            "name",
+            "_seq",
+            *THREAD[:2],
+            "_step",
+            "_module",
+            "_call",
+            "_top",
+            "ts_ns",
+            "_loose",
+            "data_inputs",
         )
         .explode("data_inputs")
         .unnest("data_inputs")
@@ -220,7 +230,7 @@ def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:
 
 def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     groups = inputs.group_by(_GROUP, maintain_order=True).agg(
-        pl.col("_seq", *THREAD, "_module", "_loose", "_numel").first(),
+        pl.col("_seq", *THREAD, "_module", "_call", "_top", "ts_ns", "_loose", "_numel").first(),
         pl.len().alias("_m"),
     )
     producers = nodes.filter(pl.col("output_shape").is_not_null())
@@ -229,7 +239,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     loose = groups.filter(pl.col("_loose"))
     queries = [
         (strict, producers, "_group", "_out_shape", THREAD, NEAREST, "shape"),
-        (strict, producers, "_group", "_out_shape", [*THREAD, "_module"], SAME_MODULE, "shape"),
+        (strict, producers, "_group", "_out_shape", [*THREAD, "_call"], SAME_MODULE, "shape"),
         (strict, loose_producers, "_numel", "_out_numel", THREAD, NEAREST, "numel"),
         (loose, producers, "_group", "_out_numel", THREAD, NEAREST, "numel"),
     ]
@@ -247,7 +257,10 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_shape").alias("_pshape"),
         pl.col("_out_numel").alias("_pnumel"),
         pl.col("_loose").alias("_ploose"),
-        pl.col("_scope").alias("_pscope"),
+        pl.col("_call").alias("_pcall"),
+        pl.col("_top").alias("_ptop"),
+        pl.col("_scope_start").alias("_pscope_start"),
+        pl.col("_scope_end").alias("_pscope_end"),
         pl.col("_out_inferred").alias("_pinferred"),
         pl.col("_in_numel").alias("_pin_numel"),
         pl.col("_multi").alias("_pmulti"),
@@ -263,6 +276,14 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_pkind") == opshapes.GEMM)
         & (pl.col("_pin_numel") == pl.col("_numel"))
     ).fill_null(False)
+    # a value never crosses from one forward call (outermost module call) into another
+    one_call = (
+        (pl.col("_top") == -1) | (pl.col("_ptop") == -1) | (pl.col("_top") == pl.col("_ptop"))
+    )
+    inside = (pl.col("ts_ns") >= pl.col("_pscope_start")) & (
+        pl.col("ts_ns") < pl.col("_pscope_end")
+    )
+    enclosed = pl.col("_pscope_start").is_not_null() & ~inside.fill_null(False)
     copies = pl.when(pl.col("_pmulti")).then(pl.int_ranges(0, pl.col("_m"))).otherwise([0])
     return (
         pl.concat(found, how="diagonal_relaxed")
@@ -271,10 +292,10 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         .unique([*_GROUP, "producer"], keep="first", maintain_order=True)
         .join(producer_info, on="producer")
         .join(consumer_info, on="event")
-        .filter(~projection)
+        .filter(~projection & one_call)
         .with_columns(
-            (pl.col("_module") == pl.col("_pmodule")).alias("_same_module"),
-            (~in_scope(pl.col("_module"), pl.col("_pscope"))).alias("_enclosed"),
+            (pl.col("_call") == pl.col("_pcall")).alias("_same_module"),
+            enclosed.alias("_enclosed"),
             copies.alias("_copy"),
         )
         .explode("_copy")  # each output of a split can feed its own input
@@ -406,7 +427,7 @@ def _assign(chosen: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     how = (
         pl.when(pl.col("_tier") > 0)
         .then(pl.lit("order+hidden"))
-        .when(pl.col("_same_module") & (pl.col("_module") != ""))
+        .when(pl.col("_same_module") & (pl.col("_call") != -1))
         .then(pl.lit("same-module"))
         .otherwise(pl.lit("order"))
     )

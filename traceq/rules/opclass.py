@@ -507,37 +507,46 @@ def written_out_activations(
     ops: pl.DataFrame, edges: pl.DataFrame, max_ops: int = 8
 ) -> pl.DataFrame:
     """Activations spelled as pointwise ops on a GEMM's output: GPT-2's `gelu_new`
-    (`0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`), erf-GELU, `x * sigmoid(x)`.
+    (`0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`), erf-GELU, `x * sigmoid(x)` (SiLU)
+    and `x * sigmoid(1.702 * x)` (QuickGELU, named `quick_gelu`).
 
     A region is the set of elementwise ops reachable from the GEMM through same-shaped
-    edges whose every tensor input comes from the GEMM or from the region itself (so it is
+    edges (one size: a view may sit in between) whose every tensor input comes from the
+    GEMM or from the region itself (so it is
     a function of the GEMM output alone), holding a tanh, erf or sigmoid and at least two
     ops. One row per GEMM: `gemm`, `ops` (the region's event ids), `output` (the op whose
     result leaves the region), `activation` ("gelu" or "silu").
 
     `ops` must be `classify`d; `edges` should be `through_views`.
     """
+    # sizes, not shapes: a view may sit between the GEMM and the activation (GPT-2's Conv1D
+    # runs `addmm` on [B*T, 4H] and views the result as [B, T, 4H] before `gelu_new`)
     pointwise = ops.filter(
         pl.col("role").is_in(["elementwise", "activation"]) & ~pl.col("generated")
-    ).select("event", "name", "output_shape", "tensor_inputs")
+    ).select(
+        "event",
+        "name",
+        numel(pl.col("output_shape")).alias("_size"),
+        "tensor_inputs",
+    )
     gemms = ops.filter(pl.col("role") == "gemm").select(
-        pl.col("event").alias("gemm"), pl.col("output_shape").alias("gemm_shape")
+        pl.col("event").alias("gemm"), numel(pl.col("output_shape")).alias("gemm_size")
     )
     same = edges.select("producer", "consumer", "input_index")
-    # grow each GEMM's region along same-shaped pointwise consumers
+    # grow each GEMM's region along same-sized pointwise consumers
     region = (
         same.join(gemms, left_on="producer", right_on="gemm", how="inner")
         .join(pointwise, left_on="consumer", right_on="event", how="inner")
-        .filter(pl.col("output_shape") == pl.col("gemm_shape"))
-        .select(pl.col("producer").alias("gemm"), pl.col("consumer").alias("op"), "gemm_shape")
+        .filter(pl.col("_size") == pl.col("gemm_size"))
+        .select(pl.col("producer").alias("gemm"), pl.col("consumer").alias("op"), "gemm_size")
         .unique()
     )
     for _ in range(max_ops):
         grown = (
             region.join(same, left_on="op", right_on="producer", how="inner")
             .join(pointwise, left_on="consumer", right_on="event", how="inner")
-            .filter(pl.col("output_shape") == pl.col("gemm_shape"))
-            .select("gemm", pl.col("consumer").alias("op"), "gemm_shape")
+            .filter(pl.col("_size") == pl.col("gemm_size"))
+            .select("gemm", pl.col("consumer").alias("op"), "gemm_size")
         )
         merged = pl.concat([region, grown]).unique()
         if merged.height == region.height:
@@ -561,12 +570,14 @@ def written_out_activations(
             region.join(fed, on=["gemm", "op"], how="inner")
             .join(pointwise.select("event", "tensor_inputs"), left_on="op", right_on="event")
             .filter(pl.col("fed") >= pl.col("tensor_inputs"))
-            .select("gemm", "op", "gemm_shape")
+            .select("gemm", "op", "gemm_size")
         )
         if kept.height == region.height:
             break
         region = kept
-    named = region.join(pointwise.select("event", "name"), left_on="op", right_on="event")
+    named = region.join(
+        pointwise.select("event", "name", "tensor_inputs"), left_on="op", right_on="event"
+    )
     internal = same.join(
         region.select("gemm", pl.col("op").alias("producer")), on="producer", how="inner"
     ).join(region.select("gemm", pl.col("op").alias("consumer")), on=["gemm", "consumer"])
@@ -580,6 +591,10 @@ def written_out_activations(
         pl.col("op").sort().alias("ops"),
         base.is_in(["tanh", "erf"]).any().alias("_gelu"),
         (base == "sigmoid").any().alias("_sigmoid"),
+        # QuickGELU, `x * sigmoid(1.702 * x)` (CLIP): the sigmoid reads x scaled by a Python
+        # number (a `mul` with one tensor input; the profiler records no scalar's value).
+        # Not SiLU, `x * sigmoid(x)`: suggesting `F.silu` would change the model's numerics.
+        ((base == "mul") & (pl.col("tensor_inputs") == 1)).any().alias("_quick"),
         pl.len().alias("_n"),
     )
     return (
@@ -593,7 +608,12 @@ def written_out_activations(
             "gemm",
             "ops",
             "output",
-            pl.when("_gelu").then(pl.lit("gelu")).otherwise(pl.lit("silu")).alias("activation"),
+            pl.when("_gelu")
+            .then(pl.lit("gelu"))
+            .when("_quick")
+            .then(pl.lit("quick_gelu"))
+            .otherwise(pl.lit("silu"))
+            .alias("activation"),
         )
         .sort("gemm")
     )

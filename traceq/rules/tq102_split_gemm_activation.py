@@ -5,8 +5,8 @@ by kernel name: cuBLAS picks kernels named `..._gemm_relu_...` for plain Linear 
 with no activation at all. The activation is an op (`gelu`, `relu`, `silu`, `tanh`,
 `sigmoid`; `clamp(min=0)` / `threshold(0, 0)` as ReLU — on CUDA `relu` itself runs as
 `launch_clamp_scalar`) or pointwise ops that spell one out (GPT-2's `gelu_new`,
-`x * sigmoid(x)`), reading the GEMM's output directly, through views, or through a split
-bias add (TQ101). A GLU's gate activation is TQ103's finding, not this one.
+`x * sigmoid(x)`, CLIP's QuickGELU `x * sigmoid(1.702 * x)`), reading the GEMM's output
+directly, through views, or through a split bias add (TQ101). A GLU's gate activation is TQ103's finding, not this one.
 """
 
 from __future__ import annotations
@@ -217,9 +217,20 @@ def check(ctx: Context) -> Iterator[Finding]:
                 "it runs `addmm`, then the activation. Compile the block with `torch.compile`, "
                 "or run it on the GPU, or use the zoo's `gemm_bias_act`"
             )
+        elif split["activation"] == "quick_gelu":
+            fix = (
+                "QuickGELU (`x * sigmoid(1.702 * x)`) has no single eager op, and `F.silu` "
+                "would change the model's numerics: fuse it with the GEMM through "
+                "`torch.compile(mode='max-autotune')` (epilogue fusion) or a Triton GEMM with "
+                "the activation in its epilogue"
+            )
         elif split["written_out"]:
-            fix = f"Replace the written-out {split['activation']} with one op (`F.gelu(x, " + (
-                "approximate='tanh')` / `F.silu`), then: " + fix[0].lower() + fix[1:]
+            one_op = {"gelu": "`F.gelu(x, approximate='tanh')`", "silu": "`F.silu(x)`"}
+            fix = (
+                f"Replace the written-out {split['activation']} with one op "
+                f"({one_op.get(split['activation'], 'the fused op')}), then: "
+                + fix[0].lower()
+                + fix[1:]
             )
         yield ctx.finding(
             message=(

@@ -6,7 +6,8 @@ with no activation at all. The activation is an op (`gelu`, `relu`, `silu`, `tan
 `sigmoid`; `clamp(min=0)` / `threshold(0, 0)` as ReLU — on CUDA `relu` itself runs as
 `launch_clamp_scalar`) or pointwise ops that spell one out (GPT-2's `gelu_new`,
 `x * sigmoid(x)`, CLIP's QuickGELU `x * sigmoid(1.702 * x)`), reading the GEMM's output
-directly, through views, or through a split bias add (TQ101). A GLU's gate activation is TQ103's finding, not this one.
+directly, through views, or through a split bias add (TQ101). A GLU's gate activation is
+TQ103's finding, not this one.
 """
 
 from __future__ import annotations

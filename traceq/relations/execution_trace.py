@@ -297,9 +297,14 @@ def _exact_edges(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
 
 
 def _matched(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.Series:
-    """Events of the `dataflow_ops` rows the ET describes: their edges are all exact."""
+    """Events of the `dataflow_ops` rows the ET describes: their edges are all exact.
+
+    A node that records no tensor at all describes nothing: Inductor's kernels
+    (`graph_0_cpp_fused_gelu_0`) appear in an ET as a record-function node without their
+    arguments, so they keep their inferred edges."""
+    tensors = pl.col("inputs").list.len() + pl.col("outputs").list.len()
     return (
-        nodes.filter(pl.col("event") == pl.col("root"))
+        nodes.filter((pl.col("event") == pl.col("root")) & (tensors > 0))
         .join(ops.select(pl.col("event").cast(pl.Int64)), on="event", how="semi")["event"]
         .unique()
         .sort()

@@ -77,6 +77,7 @@ def split_activations(
             "bias_add",
             "consumer_gemm",
             "confidence",
+            "generated",
         )
         .sort("gemm", "act_output")
     )
@@ -99,12 +100,13 @@ def inner_splits(inner: pl.DataFrame, ops: pl.DataFrame, edges: pl.DataFrame) ->
             pl.lit(None, dtype=pl.Int64).alias("bias_add"),
             "consumer_gemm",
             pl.lit(1.0).alias("confidence"),
+            pl.lit(False).alias("generated"),
         )
         .sort("gemm")
     )
 
 
-DEFAULTS = {"include_compiled": False, "min_confidence": 0.4, "min_saving_us": 0.0}
+DEFAULTS = {"include_compiled": True, "min_confidence": 0.4, "min_saving_us": 0.0}
 
 
 @rule(
@@ -147,10 +149,16 @@ def check(ctx: Context) -> Iterator[Finding]:
     or the zoo's `gemm_bias_act` (one kernel for x @ W.T + b, then the activation); for a
     written-out GELU at least `F.gelu(x, approximate="tanh")`, one kernel instead of many.
 
+    A compiled graph splits too: Inductor keeps the GEMM an extern call (`aten::mm`,
+    `aten::addmm`) and applies the bias and activation in a kernel of their own
+    (`triton_poi_fused_addmm_gelu_view_0`, `cpp_fused_gelu_0`). Kernels that already fuse
+    the activation with the next op (`..._mul_silu`, `silu_and_mul`, Liger, the zoo) or
+    with the GEMM (a `triton_tem_fused_addmm_gelu` template) are not splits.
+
     ## Options
-    - `include_compiled` (false): also report activations that a compiler (Inductor)
-      already emitted as their own kernel after an extern GEMM — the remedy there is
-      max-autotune's epilogue fusion, not a code change.
+    - `include_compiled` (true): also report activations that a compiler (Inductor)
+      emitted as their own kernel after an extern GEMM — the remedy there is max-autotune's
+      epilogue fusion, not a code change.
     - `min_confidence` (0.4): weakest data-flow edge accepted (0.4 = program order only).
     - `min_saving_us` (0): leave out findings that save less.
 
@@ -204,6 +212,7 @@ def check(ctx: Context) -> Iterator[Finding]:
                 "activation_traffic": mib(traffic),
                 "round_trip_floor_us": round(ctx.device.transfer_us(traffic), 3),
                 "dataflow_confidence": split["confidence"],
+                "compiled": split["generated"],
             }
         )
         zoo = ["gemm_bias_act"] + (["mlp"] if split["consumer_gemm"] is not None else [])
@@ -212,7 +221,14 @@ def check(ctx: Context) -> Iterator[Finding]:
             "use_gelu=...)` (cuBLASLt; ReLU/GELU), `torch.compile(mode='max-autotune')`, or "
             "the zoo's `gemm_bias_act`"
         )
-        if gemm["name"] == "aten::_addmm_activation":
+        if split["generated"]:
+            fix = (
+                "The compiler kept the GEMM an extern call and runs the activation as a kernel "
+                "of its own: compile with `torch.compile(mode='max-autotune')` so Inductor "
+                "benchmarks Triton GEMM templates that apply bias and activation in their "
+                "epilogue, or call the zoo's `gemm_bias_act` inside the compiled region"
+            )
+        elif gemm["name"] == "aten::_addmm_activation":
             fix = (
                 "`torch._addmm_activation` fuses only on CUDA (cuBLASLt epilogue); on the CPU "
                 "it runs `addmm`, then the activation. Compile the block with `torch.compile`, "

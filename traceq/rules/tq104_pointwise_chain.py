@@ -9,7 +9,9 @@ residual stream runs through every layer, yet no one kernel can span a layer. Op
 fusion rule reports are left to it, so no time is counted twice: the bias `add` of TQ101,
 the activation of TQ102 (written-out GELUs included), the activation and multiply of a
 GLU (TQ103) and the optimizer's per-tensor updates (TQ206); so are the `add_`s of autograd's
-`AccumulateGrad`, one per parameter. What remains of a chain must still have `min_ops` ops.
+`AccumulateGrad`, one per parameter. An op that runs a memcpy (`x.to("cpu")`) is a
+transfer (TQ203's), never a member, and a chain of casts alone is no chain. What remains of
+a chain must still have `min_ops` ops.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from traceq.rules.tq102_split_gemm_activation import split_activations
 from traceq.rules.tq103_unfused_glu import glu_ops
 from traceq.rules.tq206_unfused_optimizer import per_tensor_updates
 from traceq.rules.tq207_zeroed_grads import gradient_accumulation
+
+TRANSFER = r"(?i)\bmem(cpy|set)\b|^Memcpy|^Memset|memcpy"
+"""Kernel names of copy-engine transfers and fills (Kineto: `Memcpy DtoH (Device ->
+Pageable)`, `Memset (Device)`; HIP: `hipMemcpyWithStream`)."""
 
 
 def components(nodes: pl.Series, links: pl.DataFrame) -> pl.DataFrame:
@@ -102,13 +108,20 @@ def pointwise_chains(
     outside the chain, and outputs read outside it or by no one). `claimed` ops (other
     rules' findings) are left out.
     """
+    # an op that runs a copy-engine transfer (`to("cpu")`: Memcpy DtoH; a scalar operand
+    # copied to the device) moves data a fused kernel would still move: TQ203's, not a chain's
+    transfer = pl.col("kernel_names").list.eval(pl.element().str.contains(TRANSFER)).list.any()
     pointwise = (
-        (pl.col("role").is_in(["elementwise", "activation"]) & ~pl.col("generated"))
-        | ((pl.col("role") == "cast") & (pl.col("n_kernels") > 0))
-    ) & ~pl.col("glu_fused")
+        (
+            (pl.col("role").is_in(["elementwise", "activation"]) & ~pl.col("generated"))
+            | ((pl.col("role") == "cast") & (pl.col("n_kernels") > 0))
+        )
+        & ~pl.col("glu_fused")
+        & ~transfer.fill_null(False)
+    )
     members = ops.filter(
         pointwise & pl.col("output_shape").is_not_null() & ~pl.col("event").is_in(claimed.implode())
-    ).select("event", "output_shape", "traffic_bytes", "itemsize")
+    ).select("event", "output_shape", "traffic_bytes", "itemsize", "role")
     trusted = edges.filter(pl.col("confidence") >= min_confidence)
     shape_of = members.select("event", "output_shape")
     linked = (
@@ -130,7 +143,11 @@ def pointwise_chains(
             }
         )
     chains = components(pl.concat([links["producer"], links["consumer"]]), links)
-    chains = chains.filter(pl.len().over("chain") >= min_ops)
+    computing = chains.join(members.select("event", "role"), on="event")
+    computing = computing.group_by("chain").agg((pl.col("role") != "cast").any().alias("_c"))
+    chains = chains.join(computing.filter("_c").select("chain"), on="chain", how="semi").filter(
+        pl.len().over("chain") >= min_ops
+    )  # casts alone (dtype conversions back and forth) are no computation to fuse
     inside = chains.select("event", "chain")
     internal = links.join(inside.rename({"event": "producer"}), on="producer").join(
         inside.rename({"event": "consumer"}), on=["consumer", "chain"]

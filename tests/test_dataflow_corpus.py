@@ -83,7 +83,7 @@ def test_no_inferred_edge_joins_two_forward_calls(name: str) -> None:
 
 def test_three_calls_of_one_model_give_the_et_findings() -> None:
     """ViT called three times in one step: before call scoping, calls 2 and 3 linked to
-    call 1's same-shaped ops and 6 of 15 findings were missed."""
+    call 1's same-shaped ops; 8 of the 15 findings were made, and 1 wrong one."""
     got, truth = _findings(_trace("vit_repeated")), _exact_findings("vit_repeated")
     assert len(truth) == 15
     assert _keys(got) == _keys(truth)

@@ -110,7 +110,11 @@ def pointwise_chains(
     """
     # an op that runs a copy-engine transfer (`to("cpu")`: Memcpy DtoH; a scalar operand
     # copied to the device) moves data a fused kernel would still move: TQ203's, not a chain's
-    transfer = pl.col("kernel_names").list.eval(pl.element().str.contains(TRANSFER)).list.any()
+    transfer = (
+        pl.col("kernel_names").list.eval(pl.element().str.contains(TRANSFER)).list.any()
+        if "kernel_names" in ops.columns  # frames built without kernels (tests) have none
+        else pl.lit(False)
+    )
     pointwise = (
         (
             (pl.col("role").is_in(["elementwise", "activation"]) & ~pl.col("generated"))

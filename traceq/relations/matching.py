@@ -106,7 +106,7 @@ def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     # expression reads its input several times (`0.5 * x * (1 + tanh(x + 0.044715 * x**3))`).
     pointwise = pl.col("_ckind").is_in([opshapes.ELEMENTWISE, opshapes.ACTIVATION, opshapes.UNARY])
     chosen = chosen.filter((pl.col("_tier") == 0) | (~pl.col("_enclosed") & pointwise))
-    return _sibling_gemm_reads(_assign(chosen, inputs), nodes)
+    return _sin_cos_reads(_sibling_gemm_reads(_assign(chosen, inputs), nodes), nodes)
 
 
 def _sibling_gemm_reads(
@@ -206,6 +206,68 @@ def _sibling_gemm_reads(
         how="anti",
     )
     return pl.concat([kept, shared], how="vertical_relaxed")
+
+
+TRIG_PAIR = {"sin": "cos", "cos": "sin"}
+"""Functions computed of one angle side by side (rotary and sinusoidal embeddings)."""
+
+
+def _sin_cos_reads(edges: pl.DataFrame, nodes: pl.DataFrame, max_hops: int = 3) -> pl.DataFrame:
+    """Point `sin` at the angle `cos` read (and `cos` at `sin`'s), not at `cos`'s result.
+
+    `cos = emb.cos() * s; sin = emb.sin() * s` (LlamaRotaryEmbedding): when `sin` runs, the
+    most recent value of `emb`'s shape is `cos(emb) * s`, so shape matching reads
+    `sin(cos(emb) * s)`, a function no model computes, and chains the two expressions.
+    Where a sin's (cos's) producer is, or derives within `max_hops` pointwise ops from, a
+    cos (sin) of the same shape, the sin reads what that cos read (no edge if that was a
+    graph input). Against the ET corpus the first reading was wrong every time.
+    """
+    if edges.height == 0:
+        return edges
+    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"_$", "")
+    kinds = nodes.select("event", "kind", base.alias("_base"), "_out_shape")
+    trig = kinds.filter(pl.col("_base").is_in(list(TRIG_PAIR)))
+    if trig.height == 0:
+        return edges
+    pointwise = (opshapes.ACTIVATION, opshapes.ELEMENTWISE, opshapes.UNARY)
+    suspects = edges.join(trig.select("event", "_base"), left_on="consumer", right_on="event")
+    back = edges.select("producer", "consumer").join(kinds, left_on="producer", right_on="event")
+    frontier = suspects.select(
+        "consumer", "input_index", pl.col("_base").alias("_want"), pl.col("producer").alias("_at")
+    ).with_columns(pl.col("_want").replace_strict(TRIG_PAIR))
+    at = frontier.join(kinds, left_on="_at", right_on="event")
+    found = [at.filter(pl.col("_base") == pl.col("_want")).select("consumer", "input_index", "_at")]
+    for _ in range(max_hops):
+        step = (
+            at.filter(pl.col("kind").is_in(pointwise))
+            .select("consumer", "input_index", "_want", pl.col("_at").alias("_from"))
+            .join(back, left_on="_from", right_on="consumer", suffix="_b")
+        )
+        if step.height == 0:
+            break
+        at = step.select(
+            "consumer", "input_index", "_want", pl.col("producer").alias("_at"), "kind", "_base"
+        )
+        found.append(
+            at.filter(pl.col("_base") == pl.col("_want")).select("consumer", "input_index", "_at")
+        )
+    pairs = pl.concat(found).unique(["consumer", "input_index"], keep="first")
+    if pairs.height == 0:
+        return edges
+    angle = edges.select(pl.col("consumer").alias("_at"), pl.col("producer").alias("_angle"))
+    moved = pairs.join(angle, on="_at", how="left")
+    rewired = (
+        edges.join(moved.drop_nulls("_angle"), on=["consumer", "input_index"])
+        .with_columns(
+            pl.col("_angle").alias("producer"),
+            pl.concat_str("evidence", pl.lit("+sin-cos")).alias("evidence"),
+        )
+        .drop("_at", "_angle")
+    )
+    kept = edges.join(
+        pairs.select("consumer", "input_index"), on=["consumer", "input_index"], how="anti"
+    )
+    return pl.concat([kept, rewired], how="vertical_relaxed")
 
 
 def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:

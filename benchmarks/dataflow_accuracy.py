@@ -31,12 +31,7 @@ import polars as pl
 
 import traceq
 from traceq.relations.dataflow import dataflow
-from traceq.relations.execution_trace import (
-    _exact_edges,
-    _matched,
-    _rooted,
-    load_execution_trace,
-)
+from traceq.relations.execution_trace import ground_truth, load_execution_trace
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 
@@ -89,11 +84,8 @@ def pairs(corpus: Path) -> list[tuple[str, Path, Path]]:
 
 def edge_sets(trace: traceq.Trace, et: pl.DataFrame) -> tuple[set, set]:
     """(inferred, exact) (producer, consumer) pairs into the ops the ET pairs with."""
-    ops = trace.dataflow_ops
-    nodes = _rooted(trace, et)
-    matched = _matched(nodes, ops).implode()
-    exact = _exact_edges(nodes, ops)
-    inferred = trace.dataflow.filter(pl.col("consumer").is_in(matched))
+    exact, matched = ground_truth(trace, et, trace.dataflow_ops)
+    inferred = trace.dataflow.filter(pl.col("consumer").is_in(matched.implode()))
     key = ["producer", "consumer"]
     return (
         set(inferred.select(key).unique().iter_rows()),
@@ -168,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     entries = pairs(args.corpus)
     if not entries:
-        print(f"traceq: error: no <name>.pt.trace.json.gz + .et.json.gz in {args.corpus}")
+        print(
+            f"traceq: error: no <name>.pt.trace.json.gz + .et.json.gz in {args.corpus}",
+            file=sys.stderr,
+        )
         return 2
     total = Score("all")
     rows, rules = [], {}

@@ -234,6 +234,18 @@ def tensor_edges(trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None
     return _exact_edges(_rooted(trace, et), ops)
 
 
+def ground_truth(
+    trace: Trace, et: pl.DataFrame, ops: pl.DataFrame | None = None
+) -> tuple[pl.DataFrame, pl.Series]:
+    """`tensor_edges` and the events of the ops the ET describes (only their edges are
+    known), pairing once: what a measurement of inferred data flow compares against."""
+    from traceq.relations.dataflow import dataflow_ops
+
+    ops = dataflow_ops(trace) if ops is None else ops
+    nodes = _rooted(trace, et)
+    return _exact_edges(nodes, ops), _matched(nodes, ops)
+
+
 def _exact_edges(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """`tensor_edges` from `_rooted` nodes, so a caller that has them pairs only once."""
     from traceq.relations.dataflow import _EDGE_SCHEMA

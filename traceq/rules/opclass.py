@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from traceq.kernel_names import decode
+from traceq.relations.dataflow import module_calls
 from traceq.rules.common import common_module
 
 if TYPE_CHECKING:
@@ -397,8 +398,10 @@ def compile_time(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
 
 def fusion_ops(ctx: Context) -> pl.DataFrame:
     """The analysis' semantic ops, `classify`d, with `time_ns`: the GPU time of their
-    kernels on a GPU trace, their CPU time on a CPU-only one. Ops run while `torch.compile`
-    compiles (`compile_time`) are left out. Computed once per analysis."""
+    kernels on a GPU trace, their CPU time on a CPU-only one, and `call`: the outermost
+    module call the op ran in (one forward of a model; null outside any), which no fusion
+    finding crosses. Ops run while `torch.compile` compiles (`compile_time`) are left out.
+    Computed once per analysis."""
 
     def build() -> pl.DataFrame:
         ops = ctx.ops
@@ -408,7 +411,12 @@ def fusion_ops(ctx: Context) -> pl.DataFrame:
             ops = ops.join(concrete, on="event", how="left")
         gpu = ctx.device.kind == "gpu"
         time = "gpu_ns" if gpu else "cpu_ns"
-        classified = classify(ops).with_columns(pl.col(time).fill_null(0).alias("time_ns"))
+        calls = module_calls(ctx.trace, ops).select("event", pl.col("_top").alias("call"))
+        classified = (
+            classify(ops)
+            .join(calls, on="event", how="left", maintain_order="left")
+            .with_columns(pl.col(time).fill_null(0).alias("time_ns"))
+        )
         if gpu:
             return classified
         # on the CPU `_addmm_activation` runs `addmm` then `gelu_` / `relu_`: no epilogue

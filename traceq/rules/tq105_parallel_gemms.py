@@ -58,6 +58,7 @@ def parallel_gemms(
         "_seq",
         "itemsize",
         parent_module(),
+        _call(ops),
     )
     fed = (
         edges.filter(pl.col("confidence") >= min_confidence)
@@ -71,7 +72,7 @@ def parallel_gemms(
     by_source = (
         gemms.filter(pl.col("source").is_not_null())
         .sort("ts_ns", "event")
-        .group_by(["source", *key], maintain_order=True)
+        .group_by(["source", "call", *key], maintain_order=True)
         .agg(
             pl.col("event").alias("gemms"),
             pl.col("n").alias("ns"),
@@ -79,7 +80,7 @@ def parallel_gemms(
             pl.col("confidence").min(),
         )
     )
-    scope = ["step", "pid", "tid", "parent_module", *key]
+    scope = ["step", "pid", "tid", "call", "parent_module", *key]
     by_place = (
         gemms.filter(pl.col("source").is_null())
         .sort("ts_ns", "event")
@@ -113,6 +114,14 @@ def parallel_gemms(
         .with_columns((numel(pl.col("x_shape")) * pl.col("itemsize")).alias("x_bytes"))
         .sort(pl.col("gemms").list.first())
     )
+
+
+def _call(ops: pl.DataFrame) -> pl.Expr:
+    """The forward call each GEMM ran in (`fusion_ops`' `call`): GEMMs of two calls of a
+    model (a loop, an ensemble) are never one group, even reading one input."""
+    if "call" in ops.columns:
+        return pl.col("call")
+    return pl.lit(None, dtype=pl.Int64).alias("call")
 
 
 DEFAULTS = {"min_gemms": 2, "max_ops_between": 16, "min_confidence": 0.4, "min_saving_us": 0.0}

@@ -392,7 +392,7 @@ def signature(
     plain = _plain(op)
     try:
         output = _output(kind, plain, op, dims, tensors, concrete)
-    except (ValueError, IndexError, TypeError, ZeroDivisionError):
+    except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
         output = None
     if not _is_shape(output):  # junk dims (lists in lists) give junk out: unknown
         output = None

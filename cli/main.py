@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from typing import NoReturn
 
 import click
 
@@ -53,10 +54,23 @@ class Group(click.Group):
             click.echo(f"traceq: error: {exc}", err=True)
             sys.exit(2)
         except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
-            message = " ".join(exc.format_message().split())
-            click.echo(f"traceq: error: {message} (see '{where} --help')", err=True)
-            sys.exit(2)
+            _usage_error(exc, ctx)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """An unknown option before the command (`traceq --bogus`) is one line too."""
+        try:
+            return super().parse_args(ctx, args)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # bare `traceq`: the help, not an error
+        except click.UsageError as exc:
+            _usage_error(exc, ctx)
+
+
+def _usage_error(exc: click.UsageError, ctx: click.Context) -> NoReturn:
+    where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+    message = " ".join(exc.format_message().split())
+    click.echo(f"traceq: error: {message} (see '{where} --help')", err=True)
+    sys.exit(2)
 
 
 def _module(name: str) -> str:

@@ -192,6 +192,7 @@ def test_every_command_prefixes_its_errors_with_traceq_error(args: list[str]) ->
         (["check", FIXTURE], "Missing option '--baseline'. (see 'traceq check --help')"),
         (["zoo", "check", "glu"], "Missing option '--shape'. (see 'traceq zoo check --help')"),
         (["nosuch"], "No such command 'nosuch'. (see 'traceq --help')"),
+        (["--bogus", "info", FIXTURE], "No such option '--bogus'. (see 'traceq --help')"),
         (["diff", "--by", "x", FIXTURE, FIXTURE], "Invalid value for '--by': 'x' is not one of"),
     ],
 )
@@ -200,6 +201,12 @@ def test_usage_errors_are_one_traceq_error_line(args: list[str], message: str) -
     result = CliRunner().invoke(main, args, prog_name="traceq")
     assert result.exit_code == 2
     assert _one_error_line(result.stderr).startswith(f"traceq: error: {message}")
+
+
+def test_bare_traceq_still_prints_its_help() -> None:
+    result = CliRunner().invoke(main, [], prog_name="traceq")
+    assert "Commands:" in result.output
+    assert "traceq: error" not in result.output
 
 
 # -- JSON's names for types ------------------------------------------------------------------

@@ -155,39 +155,13 @@ def analyze(
     Returns the findings (the caller applies --fail-on)."""
     from traceq.job_analysis import analyze_job
     from traceq.reports import render
-    from traceq.reports.model import Report, group_findings
-    from traceq.rules.engine import discover
+    from traceq.reports.model import job_report
 
     job = open_job(paths, engine, address, workers)
     with progress(f"Analyzing {len(job.files)} ranks ..."):
         result = analyze_job(job, select=select, ignore=ignore, config=config, options=options)
-    devices = list(result.devices.values())
-    device = devices[0] if devices else _cpu_device()
-    ranks = result.frames.ranks
-    info = {
-        "path": str(paths[0]) if len(paths) == 1 else ", ".join(paths),
-        "schema": ", ".join(sorted(set(ranks["schema"].to_list()))) or "none",
-        "events": int(ranks["events"].sum() or 0),
-        "duration_us": 0.0,
-        "ops": 0,
-        "kernels": 0,
-        "steps": sorted(set(result.frames.step_ns["step"].to_list()))
-        if result.frames.step_ns.height
-        else [],
-        "rank": None,
-        "ranks": ranks["rank"].to_list(),
-        "world_size": job.world_size,
-    }
-    rules = [r for r in discover().rules if r.code in result.rules_run]
-    report = Report(
-        source=info["path"],
-        trace=info,
-        device=device,
-        findings=result.findings,
-        groups=group_findings(result.findings),
-        rules=rules,
-        problems=result.notes,
-    )
+    source = str(paths[0]) if len(paths) == 1 else ", ".join(paths)
+    report = job_report(result, job, source)
     text = render(report, fmt, **render_options)
     if output:
         with writing(output):
@@ -195,12 +169,6 @@ def analyze(
     else:
         click.echo(text, nl=not text.endswith("\n"))
     return result.findings
-
-
-def _cpu_device() -> dict[str, Any]:
-    from traceq.rules.device import cpu_model
-
-    return cpu_model().to_dict()
 
 
 def _critical_path_task(task: Any, region: Any, top: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """`traceq report TRACE|DIR -o report.html`: one self-contained HTML page with charts.
 
-A directory is a job: every `*.json`/`*.json.gz` in it is a rank trace; the page shows the
-ranks side by side, then the lowest rank's findings and time. Needs plotly (the `report`
+A directory, a glob or several files are a job (`traceq.load_job`): the page shows the job's
+cross-rank frames (per-rank breakdown, stragglers, collectives), the job's findings
+(each rank's and TQ4xx), then the lowest rank's time. Needs plotly (the `report`
 extra); without it, one line and exit 2 (`PlotlyMissing`, a `TraceError`).
 
 Exit status: 0, or 2 on bad input or an unwritable output path (checked before the load).
@@ -11,16 +12,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
-from traceq.cli.common import output_path, progress, split_codes, trace_argument, writing
+from traceq.cli import jobs
+from traceq.cli.common import output_path, progress, split_codes, traces_argument, writing
 
 from traceq.errors import TraceFileError
 from traceq.rules.config import parse_options
 
 
 @click.command()
-@trace_argument
+@traces_argument
 @click.option(
     "-o",
     "--output",
@@ -39,23 +42,31 @@ from traceq.rules.config import parse_options
     metavar="CODE.NAME=VALUE",
     help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
 )
+@jobs.job_options
 def report(
-    trace: str,
+    trace: tuple[str, ...],
     output: str,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     options: tuple[str, ...],
+    engine: str,
+    address: str | None,
+    workers: int | None,
 ) -> None:
-    """Write an HTML report of TRACE (a trace file, or a directory of rank traces)."""
+    """Write an HTML report of TRACE (a trace file, or a job: a directory of rank traces,
+    a glob, several files)."""
     from traceq.reports.html import report as write_report
 
     parsed = parse_options(options)
-    if not Path(trace).exists():
-        raise TraceFileError(f"{trace}: no such file or directory")
+    source: Any = trace[0]
+    if jobs.is_job(trace):
+        source = jobs.open_job(trace, engine, address, workers)  # lists ranks: errors now
+    elif not Path(source).exists():
+        raise TraceFileError(f"{source}: no such file or directory")
     start = time.perf_counter()
-    with progress(f"Reporting {trace} ..."), writing(output):
+    with progress(f"Reporting {', '.join(trace)} ..."), writing(output):
         path = write_report(
-            trace,
+            source,
             output,
             select=split_codes(select) or None,
             ignore=split_codes(ignore),

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "fixtures" / "geglu_mlp-eager.pt.trace.json.gz"
 QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
 JOB = "hta/tests/data/trace_filter"
+JOBS = ROOT / "fixtures" / "jobs" / "ddp_gloo_slow2"
 
 
 def ns(value: object) -> int:
@@ -250,16 +251,18 @@ def test_job_directory_shows_every_rank(shared_traces, tmp_path):
         assert f"{spread:.3f} (rank {slowest})" in text
 
 
-def test_report_accepts_a_list_of_traces_and_an_object_with_traces(tmp_path):
-    trace = traceq.load(CPU)
-
-    class Job:
-        def __init__(self) -> None:
-            self.traces = [trace]
-
-    assert 'id="job"' in traceq.report([trace], tmp_path / "a.html").read_text()
-    assert 'id="job"' in traceq.report(Job(), tmp_path / "b.html").read_text()
-    assert 'id="job"' not in traceq.report(trace, tmp_path / "c.html").read_text()
+def test_report_accepts_a_job_a_list_of_traces_or_files(tmp_path):
+    """A `Job`, a list of rank `Trace`s (a job of the files they came from) or of files:
+    each is the job page; one trace is not."""
+    paths = sorted(JOBS.glob("rank-*.json.gz"))[:2]
+    traces = [traceq.load(p) for p in paths]
+    job = traceq.load_job(paths, engine="serial")
+    for name, source in (("a", traces), ("b", [str(p) for p in paths]), ("c", job)):
+        text = traceq.report(source, tmp_path / f"{name}.html").read_text()
+        assert 'id="job"' in text and "job of 2 of 4 ranks" in text, name
+    assert 'id="job"' not in traceq.report(traces[0], tmp_path / "d.html").read_text()
+    with pytest.raises(TypeError):
+        traceq.report([1, 2], tmp_path / "e.html")
 
 
 def test_import_traceq_does_not_import_plotly():
@@ -283,7 +286,7 @@ def test_cli_writes_the_page(tmp_path):
     [
         (["missing.json.gz"], "no such file"),
         ([str(CPU), "-o", "/nonexistent-dir/r.html"], "cannot write /nonexistent-dir/r.html"),
-        ([str(ROOT / "docs")], "no trace files"),
+        ([str(ROOT / "docs")], "holds no .json or .json.gz trace"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
@@ -381,7 +384,7 @@ def test_cli_corrupt_trace_and_job_directory(tmp_path):
     result = CliRunner().invoke(main, ["report", str(job), "-o", str(out)])
     assert result.exit_code == 0, result.output
     text = out.read_text()
-    assert "2 rank traces" in text and 'id="job"' in text
+    assert "job of 2 ranks (rank from file name)" in text and 'id="job"' in text
 
 
 def test_critical_path_of_a_large_trace_is_its_median_step(monkeypatch, shared_trace):

@@ -50,7 +50,7 @@ CHARTS = """() => Array.from(document.querySelectorAll('script.figure')).map(blo
     id: block.dataset.target,
     plotted: div.classList.contains('js-plotly-plot'),
     svg: div.querySelectorAll('svg.main-svg').length,
-    marks: div.querySelectorAll('.point path, path.js-line, g.slice path').length,
+    marks: div.querySelectorAll('.point path, path.js-line, g.slice path, g.hm image').length,
     values: (div.data || []).reduce((n, t) => n + (t.x || t.values || []).length, 0),
   };
 })"""
@@ -180,6 +180,28 @@ def test_job_directory_in_chromium(browser, shared_traces, tmp_path):
     visit = check_page(browser, out, min_charts=4)
     ranks = visit.page.evaluate("() => document.querySelector('#job .js-plotly-plot').data[0].x")
     assert ranks == ["rank 0", "rank 1"]
+    visit.close()
+
+
+def test_recorded_job_in_chromium(browser, tmp_path):
+    """The gloo job with rank 2 slowed: every job chart drew (per-rank breakdown, step
+    times, stragglers, the ranks × collectives heatmap), TQ401 has its section, no error,
+    no request."""
+    job = traceq.load_job(ROOT / "fixtures" / "jobs" / "ddp_gloo_slow2", engine="serial")
+    out = traceq.report(job, tmp_path / "job.html")
+    visit = check_page(browser, out, min_charts=8)
+    kinds = visit.page.evaluate(
+        "() => Array.from(document.querySelectorAll('#job .js-plotly-plot'))"
+        ".map(d => d.data[0].type)"
+    )
+    assert kinds == ["bar", "scatter", "bar", "heatmap"]
+    heat = visit.page.locator("#job g.hm image")
+    assert heat.count() == 1 and heat.bounding_box()["width"] > 200
+    codes = visit.page.evaluate(
+        "() => Array.from(document.querySelectorAll('article.finding h3 code'))"
+        ".map(c => c.textContent)"
+    )
+    assert "TQ401" in codes
     visit.close()
 
 

@@ -223,6 +223,107 @@ def lines(x: list[Any], series: dict[str, list[float]], xtitle: str, ytitle: str
     return figure
 
 
+RANK_PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2",
+                "#ff9da6", "#9d755d", "#bab0ac"]  # fmt: skip
+
+
+def stacked_bars(
+    x: list[str],
+    series: dict[str, list[float]],
+    xtitle: str,
+    ytitle: str,
+    *,
+    ranks: list[int] | None = None,
+) -> Any:
+    """Stacked bars: one bar per `x`, one part per series (the breakdown's colors for its
+    categories, or with `ranks` one color per rank, the same rank the same color)."""
+    graph = go()
+    palette = ranks is not None
+    colors = [
+        RANK_PALETTE[ranks[i] % len(RANK_PALETTE)] if ranks is not None else COLORS.get(n, "#888")
+        for i, n in enumerate(series)
+    ]
+    figure = graph.Figure(
+        [
+            graph.Bar(
+                name=name if palette else LABELS.get(name, name),
+                x=x,
+                y=values,
+                marker_color=color,
+                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>",
+            )
+            for (name, values), color in zip(series.items(), colors, strict=True)
+        ]
+    )
+    figure.update_layout(
+        layout(
+            340,
+            barmode="stack",
+            showlegend=True,  # one rank alone still says its name
+            legend={"orientation": "h", "y": -0.2, "traceorder": "normal"},
+            xaxis={"title": xtitle, "type": "category"},
+            yaxis={"title": ytitle, "automargin": True},
+        )
+    )
+    return figure
+
+
+def heatmap(x: list[str], y: list[str], z: list[list[float | None]], unit: str) -> Any:
+    """A grid of `y` (ranks) × `x` (collectives); gaps where a rank has no call."""
+    figure = go().Figure(
+        go().Heatmap(
+            x=x,
+            y=y,
+            z=z,
+            colorscale="Viridis",
+            colorbar={"title": {"text": unit, "side": "right"}},
+            hovertemplate=f"%{{y}} · %{{x}}<br>%{{z:.3f}} {unit}<extra></extra>",
+            hoverongaps=False,
+        )
+    )
+    figure.update_layout(
+        layout(
+            max(180, 28 * len(y) + 110),
+            xaxis={"type": "category", "showticklabels": len(x) <= 40, "title": "collective"},
+            yaxis={"type": "category", "autorange": "reversed", "automargin": True},
+        )
+    )
+    return figure
+
+
+def markers(series: dict[str, tuple[list[str], list[float], list[str]]], xt: str, yt: str) -> Any:
+    """One marker per call (x: its label, in order), a color per series (collective)."""
+    graph = go()
+    order = [label for xs, _, _ in series.values() for label in xs]
+    figure = graph.Figure(
+        [
+            graph.Scatter(
+                name=name,
+                x=xs,
+                y=ys,
+                mode="markers",
+                hovertext=hover,
+                hovertemplate="%{x}<br>%{y:.2f} GB/s · %{hovertext}<extra></extra>",
+            )
+            for name, (xs, ys, hover) in series.items()
+        ]
+    )
+    figure.update_layout(
+        layout(
+            320,
+            xaxis={
+                "title": xt,
+                "type": "category",
+                "categoryorder": "array",
+                "categoryarray": sorted(order, key=lambda s: int(s[1:].split()[0])),
+                "showticklabels": len(order) <= 40,
+            },
+            yaxis={"title": yt, "rangemode": "tozero", "automargin": True},
+        )
+    )
+    return figure
+
+
 def change_bars(
     labels: list[str],
     rel: list[float],

@@ -16,6 +16,7 @@ a small one (plotly.js alone is about 4.8 MB).
 
 from __future__ import annotations
 
+import glob
 import html
 import json
 import os
@@ -36,6 +37,7 @@ from traceq.reports.model import FindingGroup, Report, format_fix_check, format_
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from traceq.job import Job, JobFrames
     from traceq.trace import Trace
 
 BINS = 400
@@ -147,17 +149,18 @@ def page(title: str, body: str, figures: Figures) -> str:
 
 
 def report(
-    source: Trace | str | os.PathLike[str] | Sequence[Trace] | Any,
+    source: Trace | Job | str | os.PathLike[str] | Sequence[Any],
     path: str | os.PathLike[str],
     **analyze: Any,
 ) -> Path:
-    """Write the HTML report of a trace, a trace file, a directory of rank traces (a job)
-    or a sequence of rank traces to `path`; `analyze` goes to `traceq.analyze` (select,
-    ignore, config, options, device). Returns the path written.
+    """Write the HTML report of a trace, a trace file, or a job — a `Job`, a directory of
+    rank traces, a glob, or a list of rank trace files (or of `Trace`s loaded from files)
+    — to `path`; `analyze` goes to `traceq.analyze` / `traceq.analyze_job` (select,
+    ignore, config, options). Returns the path written.
 
-    A job is for now its rank traces, each loaded with `traceq.load`; any object with a
-    `traces` attribute (a sequence of traces) is taken as one, so a `Job` can be passed
-    as it is."""
+    A job is loaded with `traceq.load_job` and analyzed with `traceq.analyze_job` (each
+    rank's rules and TQ4xx across ranks); the page's job section draws the job's frames,
+    and its Time and Where sections show the lowest rank's trace."""
     from traceq.analyze import analysis
     from traceq.reports.figures import go
     from traceq.reports.model import build_report
@@ -166,71 +169,67 @@ def report(
     out = Path(path)
     if not out.parent.is_dir():  # and when the page has nowhere to go
         raise TraceFileError(f"cannot write {out}: directory {out.parent} does not exist")
-    trace, ranks = _resolve(source)
-    found = analysis(trace, **analyze)
-    out.write_text(render_trace(trace, build_report(found, trace), ranks=ranks), encoding="utf-8")
+    trace, job = _resolve(source)
+    if job is None:
+        found = analysis(trace, **analyze)
+        page_text = render_trace(trace, build_report(found, trace))
+    else:
+        page_text = render_job(job, **analyze)
+    out.write_text(page_text, encoding="utf-8")
     return out
 
 
-def _resolve(source: Any) -> tuple[Trace, list[Rank]]:
-    """(the trace the page is about, the job's ranks or [])."""
+def _resolve(source: Any) -> tuple[Trace | None, Job | None]:
+    """(the one trace, None) or (None, the job)."""
+    from traceq.job import Job, load_job
     from traceq.pipeline import load
     from traceq.trace import Trace
 
     if isinstance(source, Trace):
-        return source, []
+        return source, None
+    if isinstance(source, Job):
+        return None, source
     if isinstance(source, (str, os.PathLike)):
-        if Path(source).is_dir():
-            ranks = load_ranks(Path(source))
-            return ranks[0].trace, ranks
-        return load(source), []
-    traces = list(getattr(source, "traces", source))
-    if not traces or not all(isinstance(t, Trace) for t in traces):
-        raise TypeError("report() takes a Trace, a path, or a sequence of rank Traces")
-    ranks = _ranked(traces)
-    return ranks[0].trace, ranks
+        if Path(source).is_dir() or glob.has_magic(os.fspath(source)):
+            return None, load_job(source)
+        return load(source), None
+    items = list(source)
+    if items and all(isinstance(t, Trace) for t in items):
+        items = [t.source for t in items]  # a job of the files they came from
+    if not items or not all(isinstance(p, (str, os.PathLike)) for p in items):
+        raise TypeError("report() takes a Trace, a Job, a path, or a list of rank traces")
+    return None, load_job(list(items))
 
 
-TRACE_SUFFIXES = (".json", ".json.gz")
+def render_job(job: Job, **analyze: Any) -> str:
+    """The report page of a job: its findings (`traceq.analyze_job`), the job section from
+    its cross-rank frames, and the lowest rank's Time and Where sections."""
+    from traceq.job_analysis import analyze_job
+    from traceq.reports.model import job_report
+
+    options = {k: v for k, v in analyze.items() if k in ("select", "ignore", "config", "options")}
+    result = analyze_job(job, **options)
+    if not result.frames.ranks.height:
+        notes = "; ".join(job.notes()) or "no rank loaded"
+        raise TraceFileError(f"{job.source}: no rank of the job could be loaded ({notes})")
+    report = job_report(result, job)
+    shown = int(result.frames.ranks["rank"].min())
+    return render_trace(job.trace(shown), report, job=result.frames, shown_rank=shown)
 
 
-def load_ranks(directory: Path) -> list[Rank]:
-    """Every trace file directly in `directory` (`*.json`, `*.json.gz`), loaded, by rank."""
-    from traceq.pipeline import load
-
-    files = sorted(
-        p for p in directory.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-    )
-    if not files:
-        raise TraceFileError(f"{directory}: no trace files (*.json, *.json.gz) in this directory")
-    return _ranked([load(p) for p in files])
-
-
-def _ranked(traces: list[Trace]) -> list[Rank]:
-    """Ranks from each trace's `distributedInfo`, else its position; lowest first."""
-    ranks = [Rank(t.rank if t.rank is not None else i, t) for i, t in enumerate(traces)]
-    return sorted(ranks, key=lambda r: r.rank)
-
-
-@dataclass
-class Rank:
-    """One rank of a job: its number and its trace."""
-
-    rank: int
-    trace: Trace
-
-
-def render_trace(trace: Trace, report: Report, *, ranks: Sequence[Rank] = ()) -> str:
-    """The report page of `trace` with the findings of `report`; `ranks` (a job's other
-    rank traces, this one among them) adds the job section."""
+def render_trace(
+    trace: Trace, report: Report, *, job: JobFrames | None = None, shown_rank: int | None = None
+) -> str:
+    """The report page of `trace` with the findings of `report`; `job` (the frames of the
+    job `trace` is rank `shown_rank` of) adds the job section."""
     figures = Figures()
-    facts = _facts(trace, report, len(ranks))
+    facts = _facts(trace, report, job)
     parts = [
         f"<header><h1>traceq report</h1><p class=source>{esc(report.source)}</p>{facts}</header>",
-        _nav(bool(ranks)),
+        _nav(job is not None),
     ]
-    if ranks:
-        parts.append(job_section(ranks, figures, shown=trace))
+    if job is not None:
+        parts.append(job_section(job, figures, shown_rank=shown_rank))
     parts += [
         findings_section(report, figures),
         time_section(trace, figures),
@@ -242,7 +241,7 @@ def render_trace(trace: Trace, report: Report, *, ranks: Sequence[Rank] = ()) ->
     return page(f"traceq report: {report.source}", "\n".join(parts), figures)
 
 
-def _facts(trace: Trace, report: Report, n_ranks: int) -> str:
+def _facts(trace: Trace, report: Report, job: JobFrames | None) -> str:
     steps = trace.steps
     duration = trace.duration_ns / 1e3
     util = timeline.utilization(trace)
@@ -263,11 +262,14 @@ def _facts(trace: Trace, report: Report, n_ranks: int) -> str:
             f"{trace.kernels.height:,} GPU activities",
         ),
     ]
-    if trace.rank is not None or n_ranks:
+    if job is not None:
+        from traceq.reports.text import what
+
+        rows.insert(0, ("job", f"{what(report.trace)}, {report.trace['events']:,} events"))
+        rows.append(("shown", f"rank {trace.rank if trace.rank is not None else '?'}'s trace"))
+    elif trace.rank is not None:
         world = trace.world_size
         rows.append(("rank", f"{trace.rank}" + (f" of {world}" if world else "")))
-    if n_ranks:
-        rows.append(("job", f"{n_ranks} rank traces in this directory"))
     rows.append(
         (
             "estimated saving",
@@ -294,7 +296,7 @@ def _steps_text(steps: pl.DataFrame) -> str:
 def _nav(job: bool) -> str:
     links = [("findings", "Findings"), ("time", "Time"), ("where", "Where the time goes")]
     if job:
-        links.insert(0, ("job", "Ranks"))
+        links.insert(0, ("job", "Job"))
     items = "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t in links)
     return f"<nav>{items}</nav>"
 
@@ -683,65 +685,337 @@ def where_section(trace: Trace, figures: Figures) -> str:
 
 # -- job ------------------------------------------------------------------------------------
 
+MAX_COLLECTIVES = 240
+"""Columns of the ranks × collectives heatmap (the calls with the largest arrival skew)."""
+MAX_COLLECTIVE_ROWS = 40
+"""Rows of the collectives table (largest skew first)."""
 
-def job_section(ranks: Sequence[Rank], figures: Figures, *, shown: Trace) -> str:
-    """Per-rank breakdown and per-rank step times, from each rank's own trace."""
-    from traceq.reports import figures as fig
 
-    shown_rank = next((r.rank for r in ranks if r.trace is shown), ranks[0].rank)
+def job_section(frames: JobFrames, figures: Figures, *, shown_rank: int | None) -> str:
+    """The job's cross-rank frames (`traceq.load_job`): per-rank breakdown, step time per
+    rank, the straggler chart, and the collectives' arrival skew and bus bandwidth."""
+    ranks = frames.ranks["rank"].to_list()
     out = [
-        '<section id="job"><h2>Ranks</h2>',
-        f"<p>{len(ranks)} rank traces. The sections below this one are rank {shown_rank}'s.</p>",
+        '<section id="job"><h2>Job</h2>',
+        f"<p>{len(ranks)} ranks ({esc(_rank_list(ranks))}), matched by "
+        "<code>traceq.load_job</code>: collectives by process group, step and sequence "
+        "number, clocks aligned by the collectives' ends. The Time and Where sections below "
+        f"are rank {shown_rank}'s; the findings are the whole job's.</p>",
         "<h3>Per-rank breakdown</h3>",
+        _rank_breakdown(frames, figures),
+        "<h3>Step time per rank</h3>",
+        _rank_steps(frames, figures),
+        "<h3>Stragglers: wait caused per rank and step</h3>",
+        _stragglers(frames, figures),
+        "<h3>Collectives: arrival skew per rank</h3>",
+        _skew(frames, figures),
+        "<h3>Collectives: bus bandwidth</h3>",
+        _busbw(frames, figures),
+        "</section>",
     ]
-    totals = []
-    steps: dict[str, dict[int, float]] = {}
-    for r in ranks:
-        breakdown = timeline.step_breakdown(r.trace)
-        totals.append(breakdown.select(pl.exclude("step", "ts_ns")).sum())
-        if r.trace.steps.height:
-            steps[f"rank {r.rank}"] = dict(
-                zip(breakdown["step"].to_list(), (breakdown["dur_ns"] / 1e6).to_list(), strict=True)
-            )
-    frame = pl.concat(totals)
-    x = [f"rank {r.rank}" for r in ranks]
-    out.append(figures.add(fig.step_bars(frame, x, title="rank"), "Profiled time per rank"))
-    out.append(_breakdown_table(frame, x, "rank"))
-    out.append("<h3>Step time per rank</h3>")
-    if steps:
-        all_steps = sorted({s for per in steps.values() for s in per})
-        series = {name: [per.get(s) for s in all_steps] for name, per in steps.items()}
-        out.append(
-            figures.add(
-                fig.lines([f"step {s}" for s in all_steps], series, "step", "ms"),
-                "Step wall time per rank (the slowest rank sets the job's pace)",
-            )
-        )
-        rows = [
-            [name, *[("—" if v is None else f"{v:.3f}") for v in values]]
-            for name, values in series.items()
-        ]
-        rows.append(["slowest − fastest", *[_skew(series, i) for i in range(len(all_steps))]])
-        out.append(
-            table(
-                ["rank", *[f"step {s} (ms)" for s in all_steps]],
-                rows,
-                numeric=tuple(range(1, len(all_steps) + 1)),
-            )
-        )
-    else:
-        out.append("<p class=empty>No rank trace has ProfilerStep windows.</p>")
-    out.append("</section>")
     return "\n".join(out)
 
 
-def _skew(series: dict[str, list[float | None]], i: int) -> str:
+def _rank_list(ranks: list[int]) -> str:
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}–{ranks[-1]}"
+    return "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks[:16]))
+
+
+def rank_breakdown(breakdown: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, summed over its steps, the parts of its wall time that add up exactly:
+    compute; communication with no compute beside it (exposed); memcpy with neither; idle.
+    (|COMP ∪ COMM| = compute + exposed, so memcpy-only = busy − compute − exposed.)"""
+    return (
+        breakdown.group_by("rank")
+        .agg(
+            pl.len().alias("steps"),
+            pl.col("on").first(),
+            *(pl.col(c).sum() for c in ("span_ns", "compute_ns", "comm_ns", "exposed_comm_ns")),
+            pl.col("memcpy_ns", "busy_ns", "idle_ns").sum(),
+        )
+        .with_columns(
+            (pl.col("busy_ns") - pl.col("compute_ns") - pl.col("exposed_comm_ns"))
+            .clip(lower_bound=0)
+            .alias("memcpy_only_ns")
+        )
+        .sort("rank")
+    )
+
+
+def _rank_breakdown(frames: JobFrames, figures: Figures) -> str:
+    from traceq.reports import figures as fig
+
+    if frames.breakdown.height == 0:
+        return "<p class=empty>No rank has timed work.</p>"
+    per_rank = rank_breakdown(frames.breakdown)
+    x = [f"rank {r}" for r in per_rank["rank"].to_list()]
+    parts = {
+        "compute": per_rank["compute_ns"],
+        "communication": per_rank["exposed_comm_ns"],
+        "memcpy": per_rank["memcpy_only_ns"],
+        "idle": per_rank["idle_ns"],
+    }
+    chart = figures.add(
+        fig.stacked_bars(x, {k: (v / 1e6).to_list() for k, v in parts.items()}, "rank", "ms"),
+        "Profiled time per rank (summed over its steps): compute, exposed communication, "
+        "memcpy, idle",
+    )
+    rows = [
+        [
+            f"rank {r['rank']}",
+            r["on"].upper(),
+            r["steps"],
+            format_us(r["span_ns"] / 1e3),
+            format_us(r["compute_ns"] / 1e3),
+            format_us(r["comm_ns"] / 1e3),
+            f"{format_us(r['exposed_comm_ns'] / 1e3)} ({_pct(r['exposed_comm_ns'], r['span_ns'])})",
+            format_us(r["memcpy_ns"] / 1e3),
+            f"{format_us(r['idle_ns'] / 1e3)} ({_pct(r['idle_ns'], r['span_ns'])})",
+        ]
+        for r in per_rank.iter_rows(named=True)
+    ]
+    header = ["rank", "on", "steps", "wall", "compute", "communication", "exposed comm.",
+              "memcpy", "idle"]  # fmt: skip
+    note = (
+        "<p>Interval unions per step (two streams or threads busy at once count once), "
+        "measured on the GPU, or on the host for CPU (gloo) ranks. Communication in all, "
+        "and exposed: with no compute beside it (the bar's orange).</p>"
+    )
+    return note + chart + table(header, rows, numeric=tuple(range(2, 9)))
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "—"
+
+
+def _rank_steps(frames: JobFrames, figures: Figures) -> str:
+    from traceq.reports import figures as fig
+
+    steps = frames.step_ns
+    if steps.height == 0:
+        return "<p class=empty>No rank trace has ProfilerStep windows.</p>"
+    all_steps = sorted(set(steps["step"].to_list()))
+    series: dict[str, list[float | None]] = {}
+    for (rank,), rows in steps.sort("rank").group_by("rank", maintain_order=True):
+        per = dict(zip(rows["step"].to_list(), (rows["dur_ns"] / 1e6).to_list(), strict=True))
+        series[f"rank {rank}"] = [per.get(s) for s in all_steps]
+    chart = figures.add(
+        fig.lines([f"step {s}" for s in all_steps], series, "step", "ms"),
+        "Step wall time per rank (the slowest rank sets the job's pace)",
+    )
+    rows = [
+        [name, *[("—" if v is None else f"{v:.3f}") for v in values]]
+        for name, values in series.items()
+    ]
+    rows.append(["slowest − fastest", *[_spread(series, i) for i in range(len(all_steps))]])
+    return chart + table(
+        ["rank", *[f"step {s} (ms)" for s in all_steps]],
+        rows,
+        numeric=tuple(range(1, len(all_steps) + 1)),
+    )
+
+
+def _spread(series: dict[str, list[float | None]], i: int) -> str:
     """The spread of step `i` across ranks, and which rank was slowest."""
     times = {name: values[i] for name, values in series.items() if values[i] is not None}
     if len(times) < 2:
         return "—"
     slowest = max(times, key=lambda name: times[name])
     return f"{times[slowest] - min(times.values()):.3f} ({slowest})"
+
+
+def caused_waits(calls: pl.DataFrame) -> pl.DataFrame:
+    """Per step and late rank: the wait it caused, as TQ401 counts it — each other rank's
+    wall time waiting in collectives for it (`step_waits`), averaged over the other ranks
+    of the step (`caused_ns`)."""
+    from traceq.relations.collectives import step_waits
+
+    calls = calls.filter(pl.col("ranks_seen") > 1)
+    schema = {"step": pl.Int64, "last_rank": pl.Int64, "caused_ns": pl.Float64}
+    if calls.height == 0:
+        return pl.DataFrame(schema=schema)
+    ranks = calls.group_by("step").agg(pl.col("rank").n_unique().alias("_ranks"))
+    return (
+        step_waits(calls)
+        .group_by("step", "last_rank")
+        .agg(pl.col("wait_ns").sum())
+        .join(ranks, on="step", how="left", nulls_equal=True)
+        .select(
+            "step", "last_rank", (pl.col("wait_ns") / (pl.col("_ranks") - 1)).alias("caused_ns")
+        )
+        .cast(schema)
+        .sort("step", "last_rank")
+    )
+
+
+def _stragglers(frames: JobFrames, figures: Figures) -> str:
+    from traceq.reports import figures as fig
+
+    caused = caused_waits(frames.collectives)
+    if caused.height == 0:
+        return "<p class=empty>No collective was matched across ranks: nobody waited.</p>"
+    steps = sorted(set(caused["step"].to_list()))
+    culprits = sorted(set(caused["last_rank"].to_list()))
+    grid = {(r["step"], r["last_rank"]): r["caused_ns"] for r in caused.iter_rows(named=True)}
+    series = {f"rank {c}": [grid.get((s, c), 0.0) / 1e6 for s in steps] for c in culprits}
+    x = [f"step {s}" for s in steps]
+    chart = figures.add(
+        fig.stacked_bars(x, series, "step", "ms waited by each other rank", ranks=culprits),
+        "Wait caused per step, by the rank that arrived last (the other ranks' mean wall "
+        "time in collectives before it arrived)",
+    )
+    rows = []
+    for i in range(len(steps)):
+        values = {c: series[f"rank {c}"][i] for c in culprits}
+        worst = max(values, key=lambda c: values[c])
+        rows.append([x[i], *[f"{values[c]:.3f}" for c in culprits], f"rank {worst}"])
+    text = (
+        "<p>For every collective matched across ranks, the rank that arrived last made the "
+        "others wait: each other rank's time in it before the last one arrived. A bar is a "
+        "step; its parts, the ranks that caused the wait (two buckets waiting for the same "
+        "rank at once count once; TQ401 reads the same numbers).</p>"
+    )
+    return (
+        text
+        + chart
+        + table(
+            ["step", *[f"rank {c} caused (ms)" for c in culprits], "most wait caused by"],
+            rows,
+            numeric=tuple(range(1, len(culprits) + 1)),
+        )
+    )
+
+
+def collective_calls(calls: pl.DataFrame) -> pl.DataFrame:
+    """One row per collective of the job, with its arrival skew (last start − first
+    start), the rank that arrived last, its size and bus bandwidth."""
+    return (
+        calls.group_by("instance")
+        .agg(
+            pl.col("collective", "pg", "step", "seq", "ranks_seen", "last_rank").first(),
+            (pl.col("start_ns").max() - pl.col("start_ns").min()).alias("skew_ns"),
+            pl.col("bytes").max(),
+            pl.col("transfer_ns").first(),
+            pl.col("busbw_gbs").first(),
+        )
+        .sort("instance")
+    )
+
+
+def _call_label(row: dict[str, Any]) -> str:
+    return f"#{row['instance']} {row['collective']} s{row['step']}"
+
+
+def _skew(frames: JobFrames, figures: Figures) -> str:
+    from traceq.reports import figures as fig
+
+    calls = frames.collectives.filter(pl.col("ranks_seen") > 1)
+    per_call = collective_calls(calls)
+    if per_call.height == 0:
+        return "<p class=empty>No collective was matched across ranks (one rank, or no "
+        "common collectives).</p>"
+    shown = per_call
+    cut = ""
+    if per_call.height > MAX_COLLECTIVES:
+        shown = per_call.sort("skew_ns", descending=True).head(MAX_COLLECTIVES).sort("instance")
+        cut = f"; the {MAX_COLLECTIVES} of {per_call.height} with the largest skew"
+    late = calls.join(shown.select("instance"), on="instance", how="semi").with_columns(
+        ((pl.col("start_ns") - pl.col("start_ns").min().over("instance")) / 1e6).alias("late_ms")
+    )
+    ranks = frames.ranks["rank"].to_list()
+    labels = [_call_label(r) for r in shown.iter_rows(named=True)]
+    column = {i: n for n, i in enumerate(shown["instance"].to_list())}
+    z: list[list[float | None]] = [[None] * len(labels) for _ in ranks]
+    row_of = {r: n for n, r in enumerate(ranks)}
+    for r in late.iter_rows(named=True):
+        z[row_of[r["rank"]]][column[r["instance"]]] = round(r["late_ms"], 4)
+    chart = figures.add(
+        fig.heatmap(labels, [f"rank {r}" for r in ranks], z, "ms after the first rank"),
+        f"Arrival skew: how late each rank entered each collective, ms after the first "
+        f"rank (the late rank is bright; the others wait that long){cut}",
+    )
+    top = per_call.sort("skew_ns", descending=True).head(MAX_COLLECTIVE_ROWS)
+    rows = [
+        [
+            _call_label(r),
+            r["pg"],
+            r["seq"],
+            r["ranks_seen"],
+            f"rank {r['last_rank']}",
+            format_us(r["skew_ns"] / 1e3),
+            format_us(r["transfer_ns"] / 1e3),
+        ]
+        for r in top.iter_rows(named=True)
+    ]
+    caption = f"The {len(rows)} collectives with the largest arrival skew" + (
+        f" of {per_call.height}" if per_call.height > len(rows) else ""
+    )
+    return chart + table(
+        ["collective", "process group", "seq", "ranks", "last to arrive", "skew", "transfer"],
+        rows,
+        numeric=(2, 3, 5, 6),
+        caption=caption,
+    )
+
+
+def _busbw(frames: JobFrames, figures: Figures) -> str:
+    from traceq.reports import figures as fig
+
+    per_call = collective_calls(frames.collectives).filter(pl.col("busbw_gbs").is_not_null())
+    if per_call.height == 0:
+        return (
+            "<p class=empty>No message sizes recorded (older Kineto or CPU collectives "
+            "without <code>record_param_comms</code> sizes): no bus bandwidth.</p>"
+        )
+    series: dict[str, tuple[list[str], list[float], list[str]]] = {}
+    for r in per_call.iter_rows(named=True):
+        xs, ys, hover = series.setdefault(r["collective"], ([], [], []))
+        xs.append(_call_label(r))
+        ys.append(float(f"{r['busbw_gbs']:.6g}"))
+        hover.append(f"{_bytes(r['bytes'])} in {format_us(r['transfer_ns'] / 1e3)}")
+    chart = figures.add(
+        fig.markers(series, "collective (in order)", "bus bandwidth (GB/s)"),
+        "Bus bandwidth per collective (NCCL's formulas over the time after the last rank arrived)",
+    )
+    classes = (
+        per_call.with_columns(
+            (2 ** pl.col("bytes").log(2).floor()).cast(pl.Int64).alias("size_class")
+        )
+        .group_by("collective", "size_class")
+        .agg(
+            pl.len().alias("calls"),
+            pl.col("busbw_gbs").median().alias("median"),
+            pl.col("busbw_gbs").min().alias("min"),
+            pl.col("busbw_gbs").max().alias("max"),
+        )
+        .sort("collective", "size_class")
+    )
+    rows = [
+        [
+            r["collective"],
+            f"≥ {_bytes(r['size_class'])}",
+            r["calls"],
+            f"{r['median']:.2f}",
+            f"{r['min']:.2f}",
+            f"{r['max']:.2f}",
+        ]
+        for r in classes.iter_rows(named=True)
+    ]
+    return chart + table(
+        ["collective", "size", "calls", "median GB/s", "min GB/s", "max GB/s"],
+        rows,
+        numeric=(2, 3, 4, 5),
+    )
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "—"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 # -- text helpers -------------------------------------------------------------------------

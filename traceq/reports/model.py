@@ -17,6 +17,8 @@ from traceq.reports.savings import counted_savings
 from traceq.rules.finding import SEVERITIES, Finding, normalize_module
 
 if TYPE_CHECKING:
+    from traceq.job.job import Job
+    from traceq.job_analysis import JobAnalysis
     from traceq.rules.base import Rule
     from traceq.rules.engine import Analysis
     from traceq.trace import Trace
@@ -217,6 +219,42 @@ def build_report(analysis: Analysis, trace: Trace) -> Report:
         problems=[str(p) for p in analysis.problems],
         timings_s={k: round(v, 4) for k, v in analysis.timings_s.items()},
         counted_us=counted_savings(analysis.findings, trace),
+    )
+
+
+def job_report(result: JobAnalysis, job: Job, source: str | None = None) -> Report:
+    """A `Report` of `traceq.analyze_job(job)`: the job's findings (TQ4xx and each rank's),
+    and `trace` facts for the whole job (`ranks`, `world_size`, how ranks were found)."""
+    from traceq.rules.device import cpu_model
+    from traceq.rules.engine import discover
+
+    devices = list(result.devices.values())
+    ranks = result.frames.ranks
+    step_ns = result.frames.step_ns
+    info = {
+        "path": source or job.source,
+        "schema": ", ".join(sorted(set(ranks["schema"].to_list()))) or "none",
+        "events": int(ranks["events"].sum() or 0),
+        "duration_us": 0.0,
+        "ops": 0,
+        "kernels": int(result.frames.kernel_types["count"].sum() or 0)
+        if result.frames.kernel_types.height
+        else 0,
+        "steps": sorted(set(step_ns["step"].to_list())) if step_ns.height else [],
+        "rank": None,
+        "ranks": ranks["rank"].to_list(),
+        "world_size": job.world_size,
+        "rank_sources": sorted(set(job.rank_sources.values())),
+    }
+    return Report(
+        source=info["path"],
+        trace=info,
+        device=devices[0] if devices else cpu_model().to_dict(),
+        findings=result.findings,
+        groups=group_findings(result.findings),
+        rules=[r for r in discover().rules if r.code in result.rules_run],
+        problems=result.notes,
+        timings_s={k: round(v, 4) for k, v in result.timings_s.items()},
     )
 
 

@@ -39,13 +39,26 @@ def render(
     return buffer.getvalue()
 
 
+def what(trace: dict) -> str:
+    """What was analyzed: `kineto trace`, or for a job `job of 4 ranks (rank from file
+    name), kineto traces` (`ranks` in the facts marks a job: `reports.model.job_report`)."""
+    ranks = trace.get("ranks")
+    if ranks is None:
+        return f"{trace['schema']} trace"
+    world = trace.get("world_size") or len(ranks)
+    count = f"{len(ranks)} of {world} ranks" if world != len(ranks) else _plural(len(ranks), "rank")
+    sources = trace.get("rank_sources") or []
+    found = f" (rank from {' / '.join(sources)})" if sources else ""
+    return f"job of {count}{found}, {trace['schema']} traces"
+
+
 def print_report(report: Report, console: Console, *, max_groups: int | None = 30) -> None:
     summary = report.summary()
     trace = report.trace
     device = report.device
     console.print(Text(f"traceq analyze {report.source}", style="bold"))
     console.print(
-        f"{trace['schema']} trace, {trace['events']:,} events, {trace['kernels']:,} GPU "
+        f"{what(trace)}, {trace['events']:,} events, {trace['kernels']:,} GPU "
         f"activities, {_plural(len(trace['steps']), 'step')}; device model: {device['name']} "
         f"({_bandwidth(device)}, launch {device['launch_overhead_us']:.1f} µs)"
     )

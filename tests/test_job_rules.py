@@ -164,3 +164,61 @@ def test_imbalanced_message_sizes_name_the_collective_and_its_seq(tmp_path):
     assert expected.height == 1 and expected["rank"].to_list() == [1]
     assert finding.evidence["collective"] == target["args"]["Collective name"]
     assert expected["seq"][0] in finding.evidence["seq"]
+
+
+def test_balanced_cpu_job_has_no_imbalanced_collective(balanced):
+    """No rank is slowed: the ranks' time after arrival in gloo's allreduce varies by
+    milliseconds from call to call on a loaded host (the slowest rank changes, its excess
+    is within its own spread), and a host-measured collective's time is the scheduler's:
+    TQ403 says nothing (before: "3 allreduce calls ... rank 0 is slowest most often")."""
+    assert [f for f in balanced.findings if f.rule == "TQ403"] == []
+
+
+def test_slowed_job_still_names_its_straggler_and_no_imbalance(slow):
+    assert [f.evidence["rank"] for f in slow.findings if f.rule == "TQ401"] == [2]
+    assert [f for f in slow.findings if f.rule == "TQ403"] == []
+
+
+def _nccl_pair(tmp_path: Path, slower: float | None) -> Path:
+    """Two ranks from HTA's nccl_parser_config rank (3 steps, 15 allreduces); with
+    `slower`, rank 1 takes that many times as long in every allreduce (same start)."""
+    with gzip.open(HTA / "nccl_parser_config" / "nccl_data.json.gz") as f:
+        doc = json.loads(f.read())
+    for rank in (0, 1):
+        doc["distributedInfo"]["rank"] = rank
+        if rank == 1 and slower is not None:
+            for e in doc["traceEvents"]:
+                if e.get("cat") == "kernel" and "ncclKernel_AllReduce" in e["name"]:
+                    e["dur"] *= slower
+        with gzip.open(tmp_path / f"rank-{rank}.json.gz", "wt") as f:
+            json.dump(doc, f)
+    return tmp_path
+
+
+@needs_shared
+def test_a_persistently_slower_rank_is_a_time_imbalance(tmp_path):
+    """Rank 1 takes 4× as long in every allreduce of 3 steps (a slow link): slowest in all
+    of them, 1.6× the two ranks' median, its excess steady from call to call: reported, by
+    time, with the saving (Σ 4d − 2.5d over the raw kernel durations d) recomputed."""
+    with gzip.open(HTA / "nccl_parser_config" / "nccl_data.json.gz") as f:
+        doc = json.loads(f.read())
+    durations = [
+        e["dur"]
+        for e in doc["traceEvents"]
+        if e.get("cat") == "kernel" and "ncclKernel_AllReduce" in e["name"]
+    ]
+    job = traceq.load_job(_nccl_pair(tmp_path, 4.0), engine="serial", align="none")
+    findings = traceq.analyze_job(job, select=["TQ403"]).findings
+    (finding,) = findings
+    assert not finding.evidence["imbalanced_by_size"]
+    assert finding.evidence["collective"] == "allreduce"
+    assert finding.evidence["ranks"] == [1] and len(set(finding.evidence["steps"])) == 3
+    assert "slowest in 100% of the calls over 3 steps" in finding.message
+    assert len(durations) == 15
+    assert finding.est_saving_us == pytest.approx(sum(1.5 * d for d in durations), rel=1e-4)
+
+
+@needs_shared
+def test_identical_ranks_have_no_time_imbalance(tmp_path):
+    job = traceq.load_job(_nccl_pair(tmp_path, None), engine="serial", align="none")
+    assert traceq.analyze_job(job, select=["TQ403"]).findings == []

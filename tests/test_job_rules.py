@@ -222,3 +222,26 @@ def test_a_persistently_slower_rank_is_a_time_imbalance(tmp_path):
 def test_identical_ranks_have_no_time_imbalance(tmp_path):
     job = traceq.load_job(_nccl_pair(tmp_path, None), engine="serial", align="none")
     assert traceq.analyze_job(job, select=["TQ403"]).findings == []
+
+
+def test_text_report_of_a_job_says_it_is_a_job():
+    """The header says what was read — a job, its ranks, how they were found, the events
+    of all ranks (counted from the raw files) — not one trace's `kineto trace, ...`."""
+    from click.testing import CliRunner
+    from traceq.cli.main import main
+
+    folder = JOBS / "ddp_gloo_slow2"
+    events = 0
+    for path in sorted(folder.glob("rank-*.json.gz")):
+        with gzip.open(path) as f:
+            events += len(json.loads(f.read())["traceEvents"])
+    args = ["analyze", str(folder), "--select", "TQ401", "--engine", "serial"]
+    header = CliRunner().invoke(main, args).output.splitlines()[1]
+    assert header.startswith(
+        f"job of 4 ranks (rank from distributedInfo), kineto traces, {events:,} events, "
+        "0 GPU activities, 4 steps; device model: CPU"
+    ), header
+    files = [str(p) for p in sorted(folder.glob("rank-*.json.gz"))[:2]]
+    args = ["analyze", *files, "--select", "TQ401", "--engine", "serial"]
+    header = CliRunner().invoke(main, args).output.splitlines()[1]
+    assert header.startswith("job of 2 of 4 ranks (rank from distributedInfo), kineto traces")

@@ -205,6 +205,28 @@ def test_job_findings_are_in_the_findings_section(slow_page):
     assert "job of 4 ranks (rank from distributedInfo)" in slow_page
 
 
+def test_job_finding_evidence_and_saving_share(slow_page):
+    """TQ401's section shows its rank, steps and sequence numbers (not empty op and kernel
+    columns); the saving's share is of every rank's profiled time, from the raw steps."""
+    manifest = json.loads((SLOW / "manifest.json").read_text())
+    article = re.search(r'<article class="finding"[^>]*>.*?TQ401.*?</article>', slow_page, re.S)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", article.group(0))
+    steps = ", ".join(map(str, manifest["profiled_steps"]))
+    assert cells[:2] == ["2", steps] and cells[4] == "0, 1"
+    profiled_us = sum(
+        ns(e["dur"]) / 1e3
+        for r in range(4)
+        for e in events(SLOW / f"rank-{r}.pt.trace.json.gz")
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    saving = re.search(
+        r"<strong>([\d.,]+) ms</strong> \(([\d.]+)% of the ranks(?:'|&#x27;) profiled", slow_page
+    )
+    assert saving, "the facts give the saving's share of all ranks' profiled time"
+    share = float(saving.group(1).replace(",", "")) * 1e3 / profiled_us * 100
+    assert float(saving.group(2)) == pytest.approx(share, abs=0.1)
+
+
 def test_page_stays_small(slow_page):
     assert len(slow_page.encode()) < 5.5e6  # plotly.js is 4.8 MB of it
 

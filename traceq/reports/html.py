@@ -250,14 +250,22 @@ def _facts(trace: Trace, report: Report, job: JobFrames | None) -> str:
         device = "GPU (name not recorded)" if trace.kernels.height else "CPU only (no GPU activity)"
     saving = report.summary()["est_saving_us"]
     profiled = (steps["dur_ns"].sum() / 1e3) if steps.height else duration
-    share = f" ({100 * saving / profiled:.1f}% of the profiled time)" if profiled else ""
+    basis = "the profiled time"
+    if job is not None and job.step_ns.height:  # job findings span every rank's time
+        profiled, basis = job.step_ns["dur_ns"].sum() / 1e3, "the ranks' profiled time"
+    share = f" ({100 * saving / profiled:.1f}% of {basis})" if profiled else ""
+    # for a job, the trace rows describe the rank whose Time and Where sections follow
+    of = f" (rank {trace.rank})" if job is not None and trace.rank is not None else ""
     rows = [
         ("device", device + f" · model: {report.device.get('name')}"),
-        ("steps", _steps_text(steps)),
-        ("duration", format_us(duration)),
-        ("GPU utilization", "—" if util is None else f"{100 * util:.1f}% of the GPU's active span"),
+        (f"steps{of}", _steps_text(steps)),
+        (f"duration{of}", format_us(duration)),
         (
-            "events",
+            f"GPU utilization{of}",
+            "—" if util is None else f"{100 * util:.1f}% of the GPU's active span",
+        ),
+        (
+            f"events{of}",
             f"{trace.events.height:,} events · {trace.ops.height:,} ops · "
             f"{trace.kernels.height:,} GPU activities",
         ),
@@ -266,7 +274,6 @@ def _facts(trace: Trace, report: Report, job: JobFrames | None) -> str:
         from traceq.reports.text import what
 
         rows.insert(0, ("job", f"{what(report.trace)}, {report.trace['events']:,} events"))
-        rows.append(("shown", f"rank {trace.rank if trace.rank is not None else '?'}'s trace"))
     elif trace.rank is not None:
         world = trace.world_size
         rows.append(("rank", f"{trace.rank}" + (f" of {world}" if world else "")))
@@ -371,17 +378,23 @@ def findings_section(report: Report, figures: Figures) -> str:
             f"<p>…and {len(groups) - len(shown)} smaller groups "
             "(`traceq analyze --format json` lists them all).</p>"
         )
-    out += [group_section(n, g) for n, g in enumerate(shown, 1)]
+    job_rules = {r.code for r in report.rules if getattr(r, "scope", "trace") == "job"}
+    out += [group_section(n, g, job=g.rule in job_rules) for n, g in enumerate(shown, 1)]
     out.append("</section>")
     return "\n".join(out)
 
 
-def group_section(number: int, group: FindingGroup) -> str:
+def group_section(number: int, group: FindingGroup, *, job: bool = False) -> str:
+    """One finding group's section; `job`: a cross-rank rule's, whose evidence is ranks,
+    steps and collectives rather than ops and kernels."""
     first = group.first
+    steps = group.steps or sorted(
+        {s for f in group.findings for s in (f.evidence.get("steps") or []) if s is not None}
+    )
     facts = [
         ("what", prose(first.message)),
         ("where", prose(group.where or "—")),
-        ("steps", esc(", ".join(map(str, group.steps)) or "—")),
+        ("steps", esc(", ".join(map(str, steps)) or "—")),
         ("time now", esc(format_us(group.time_us))),
         ("estimated saving", f"<strong>{esc(format_us(group.est_saving_us))}</strong>"),
         ("saving model", prose(first.saving_model or "—")),
@@ -398,7 +411,7 @@ def group_section(number: int, group: FindingGroup) -> str:
         f'<span class="sev {group.severity}">{group.severity}</span> '
         f"<small>saves ~{esc(format_us(group.est_saving_us))} of "
         f"{esc(format_us(group.time_us))}</small></h3>"
-        f'<dl class="group">{dl}</dl>{_evidence(group)}'
+        f'<dl class="group">{dl}</dl>{_job_evidence(group) if job else _evidence(group)}'
         '<p class="top"><a href="#findings">↑ findings</a></p></article>'
     )
 
@@ -450,6 +463,43 @@ def _evidence(group: FindingGroup) -> str:
         raw=tuple(range(8)),
         caption=caption,
     )
+
+
+def _job_evidence(group: FindingGroup) -> str:
+    """A cross-rank finding's evidence: its ranks, steps, process group, collective,
+    sequence numbers and how many of each rank's events it names."""
+    rows = []
+    ranked = sorted(group.findings, key=lambda f: -f.est_saving_us)
+    for f in ranked[:MAX_EVIDENCE]:
+        ev = f.evidence
+        ranks = ev.get("ranks") or ([ev["rank"]] if "rank" in ev else [])
+        events = ev.get("events") or {}
+        named = ", ".join(f"rank {r}: {len(ids)}" for r, ids in sorted(events.items()))
+        seq = list(dict.fromkeys(_flat(ev.get("seq") or [])))
+        rows.append(
+            [
+                ", ".join(map(str, ranks)) or "—",
+                ", ".join(map(str, ev.get("steps") or [])) or "—",
+                ev.get("process_group") or "—",
+                ev.get("collective") or "—",
+                ", ".join(map(str, seq[:8])) + (" …" if len(seq) > 8 else "") or "—",
+                named or "—",
+                format_us(f.time_us),
+                format_us(f.est_saving_us),
+            ]
+        )
+    return table(
+        ["rank", "steps", "process group", "collective", "seq", "events named", "time", "saving"],
+        rows,
+        numeric=(6, 7),
+        caption=f"Evidence: {len(group.findings)} occurrence(s); event ids are each rank's own "
+        "(traceq analyze --format json lists them)",
+    )
+
+
+def _flat(items: list[Any]) -> list[Any]:
+    """TQ401 lists each step's sequence numbers; the others one list."""
+    return [x for item in items for x in (item if isinstance(item, list) else [item])]
 
 
 def _decoded(kernel: Any) -> str:

@@ -42,6 +42,8 @@ pytestmark = pytest.mark.skipif(
 
 CPU = ROOT / "fixtures" / "geglu_mlp-eager.pt.trace.json.gz"
 QWEN = "tracelens/tests/traces/h100/Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+# Bundled in fixtures/gpu (HTA's test data, MIT): runs on every machine.
+ALEXNET = "hta/tests/data/critical_path/alexnet/benchmark_result_2869224_1695835535_trace.json.gz"
 JOB = "hta/tests/data/trace_filter"
 
 CHARTS = """() => Array.from(document.querySelectorAll('script.figure')).map(block => {
@@ -160,15 +162,22 @@ def test_dark_scheme(browser, tmp_path):
     visit.close()
 
 
-def test_gpu_trace_in_chromium(browser, shared_trace, tmp_path):
-    path = shared_trace(QWEN)
+@pytest.mark.parametrize(
+    ("name", "kinds"),
+    [
+        (QWEN, {"bar", "scatter", "treemap"}),
+        (ALEXNET, {"bar", "scatter"}),  # no nn.Module records: no module treemap
+    ],
+)
+def test_gpu_trace_in_chromium(name, kinds, browser, shared_trace, tmp_path):
+    path = shared_trace(name)
     out = traceq.report(path, tmp_path / "gpu.html")
-    visit = check_page(browser, out, min_charts=7)
+    visit = check_page(browser, out, min_charts=len(kinds) + 4)
     check_findings(visit, traceq.load(path))
-    kinds = visit.page.evaluate(
+    drawn = visit.page.evaluate(
         "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => d.data[0].type)"
     )
-    assert {"bar", "scatter", "treemap"} <= set(kinds)
+    assert kinds <= set(drawn)
     visit.close()
 
 

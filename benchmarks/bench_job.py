@@ -125,8 +125,10 @@ print(json.dumps({
 
 
 def run_child(python: str, code: str, folder: Path) -> dict:
+    # Cold loads on both sides: HTA has no cache, so traceq's columnar cache stays off.
+    env = {**os.environ, "TRACEQ_CACHE": "0"}
     proc = subprocess.run(
-        [python, "-c", code, str(folder)], capture_output=True, text=True, timeout=3600
+        [python, "-c", code, str(folder)], capture_output=True, text=True, timeout=3600, env=env
     )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import US, outermost_operator
+from traceq.rules.common import US, in_ranges, optimizer_ranges, outermost_operator
 from traceq.rules.finding import Finding
 
 SYNC_CALL = (
@@ -46,7 +46,9 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
 
     On CPU-only traces the same ops (`aten::item`, `_local_scalar_dense`) are reported as
     info: they cost little there, but each becomes a full GPU drain once the model runs on a
-    GPU. Their CPU time is the saving shown.
+    GPU. Their CPU time is the saving shown. Reads inside `Optimizer.step` are left out:
+    `torch.optim` keeps its step counters on the host (`capturable=False`, the default), so
+    Adam's per-tensor `step.item()` reads host memory on a GPU too and never drains it.
 
     ## Why is this bad?
     The CPU normally runs ahead of the GPU, queueing launches. A sync empties that queue: the
@@ -134,6 +136,10 @@ def _cpu_scalar_reads(ctx: Context) -> Iterator[Finding]:
     reads = reads.join(parents, on="parent", how="left").filter(
         pl.col("_parent_name").is_null() | ~pl.col("_parent_name").is_in(SCALAR_OPS)
     )
+    updates = optimizer_ranges(ctx.trace, "step")
+    if updates.height:  # host-side step counters (see the docstring)
+        counters = in_ranges(reads.select("event", "tid", "ts_ns"), updates)["event"]
+        reads = reads.filter(~pl.col("event").is_in(counters.implode()))
     for row in reads.sort("ts_ns").iter_rows(named=True):
         cost = row["dur_ns"] / US
         yield ctx.finding(

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from traceq.cli import jobs
-from traceq.cli.common import load, output_path, progress, split_codes, traces_argument, writing
+from traceq.cli.common import (
+    load,
+    output_path,
+    progress,
+    rule_options,
+    split_codes,
+    traces_argument,
+    writing,
+)
 
 from traceq.analyze import analysis
 from traceq.reports import FORMATS, Report, build_report, render
@@ -29,15 +37,7 @@ if TYPE_CHECKING:
 
 @click.command()
 @traces_argument
-@click.option("--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)")
-@click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")
-@click.option(
-    "--option",
-    "options",
-    multiple=True,
-    metavar="CODE.NAME=VALUE",
-    help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
-)
+@rule_options
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option(
     "--fail-on",

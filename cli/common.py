@@ -111,6 +111,23 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
         raise cannot_write(path, reason[:1].lower() + reason[1:]) from None
 
 
+def rule_options(command: F) -> F:
+    """`--select`, `--ignore` and `--option` as `analyze` takes them (also `report`)."""
+    command = click.option(
+        "--option",
+        "options",
+        multiple=True,
+        metavar="CODE.NAME=VALUE",
+        help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
+    )(command)
+    command = click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")(
+        command
+    )
+    return click.option(
+        "--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)"
+    )(command)
+
+
 def split_codes(values: tuple[str, ...]) -> list[str]:
     """`--select TQ1,TQ201 --select TQ3` -> ['TQ1', 'TQ201', 'TQ3']."""
     return [v.strip() for value in values for v in value.split(",") if v.strip()]

@@ -16,7 +16,14 @@ from typing import Any
 
 import click
 from traceq.cli import jobs
-from traceq.cli.common import output_path, progress, split_codes, traces_argument, writing
+from traceq.cli.common import (
+    output_path,
+    progress,
+    rule_options,
+    split_codes,
+    traces_argument,
+    writing,
+)
 
 from traceq.errors import TraceFileError
 from traceq.rules.config import parse_options
@@ -33,15 +40,7 @@ from traceq.rules.config import parse_options
     show_default=True,
     help="the HTML file to write",
 )
-@click.option("--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)")
-@click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")
-@click.option(
-    "--option",
-    "options",
-    multiple=True,
-    metavar="CODE.NAME=VALUE",
-    help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
-)
+@rule_options
 @jobs.job_options
 def report(
     trace: tuple[str, ...],

@@ -39,6 +39,7 @@ cannot be created or written (read-only, disk full) means no cache, never an err
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -155,18 +156,14 @@ def _sample_digest(path: Path, size: int) -> str:
     return digest.hexdigest()
 
 
-_code_digest_value: str | None = None
-
-
+@functools.cache
 def _code_digest() -> str:
-    global _code_digest_value
-    if _code_digest_value is None:
-        digest = hashlib.blake2b(digest_size=16)
-        for name in _FRAME_SOURCES:
-            with contextlib.suppress(OSError):
-                digest.update((_PACKAGE / name).read_bytes())
-        _code_digest_value = digest.hexdigest()
-    return _code_digest_value
+    """The frame-building code's digest, read once per process."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in _FRAME_SOURCES:
+        with contextlib.suppress(OSError):
+            digest.update((_PACKAGE / name).read_bytes())
+    return digest.hexdigest()
 
 
 def _versions() -> dict[str, str]:

@@ -256,3 +256,43 @@ def _cpu_op(name: str, *, tid: int, ts: int, external_id: int) -> dict:
         "dur": 5,
         "args": {"External id": external_id},
     }
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
+
+
+@pytest.mark.parametrize("model", ["unet", "dit", "t5"])
+def test_exact_edges_join_a_write_and_a_read_of_one_storage(model: str) -> None:
+    """The observer reuses a freed tensor's id for the next tensor at its address: an
+    exact edge must be the same (tensor id, storage id) written by the producer (or a
+    node under it) and read by the consumer, recomputed here from the raw ET JSON.
+    Keyed by tensor id alone, 29 corpus edges joined tensors of different storages
+    (UNet `conv2d -> div`, DiT `layer_norm -> add`, T5 `cat -> add`)."""
+    et_path, trace_path = CORPUS / f"{model}.et.json.gz", CORPUS / f"{model}.pt.trace.json.gz"
+    trace = traceq.load(trace_path, cache=False)
+    et = load_execution_trace(et_path)
+    edges = tensor_edges(trace, et)
+    assert edges.height > 100
+    raw = {node["id"]: node for node in _raw(et_path)["nodes"]}
+    children: dict[int, list[int]] = defaultdict(list)
+    for node in raw.values():
+        children[node.get("ctrl_deps", -1)].append(node["id"])
+    node_of = dict(match_ops(trace, et).select("event", "et_id").iter_rows())
+
+    def written(et_id: int) -> set[tuple[int, int]]:
+        out, todo = set(), [et_id]
+        while todo:
+            node = raw[todo.pop()]
+            outputs = node["outputs"]
+            for value, kind in zip(outputs["values"], outputs["types"], strict=True):
+                items = value if kind.startswith("GenericList[Tensor") else [value]
+                out |= {(v[0], v[1]) for v in items if isinstance(v, list) and len(v) > 1}
+            todo.extend(children[node["id"]])
+        return out
+
+    for producer, consumer, index in edges.select("producer", "consumer", "input_index").rows():
+        node = raw[node_of[consumer]]
+        value = node["inputs"]["values"][index]
+        kind = node["inputs"]["types"][index]
+        read = {(v[0], v[1]) for v in (value if kind.startswith("GenericList") else [value])}
+        assert read & written(node_of[producer]), (model, producer, consumer, index)

@@ -36,7 +36,7 @@ VOTERS = 1024
 """ET nodes per thread that vote for the rf_id offset: a whole iteration where it fits (64
 voters paired 788 of linear_et's 928 nodes, all of them 883), capped so the name join
 stays small on big traces."""
-_TENSOR = pl.Struct({"index": pl.Int64, "tensor_id": pl.Int64})
+_TENSOR = pl.Struct({"index": pl.Int64, "tensor_id": pl.Int64, "storage_id": pl.Int64})
 ET_SCHEMA = {
     "et_id": pl.Int64,
     "name": pl.String,
@@ -59,7 +59,7 @@ def load_execution_trace(
 
     Columns: et_id (entry order: ids count up as ops start), name, parent (`ctrl_deps`),
     rf_id, tid (the ET's thread number, not the OS one), inputs and outputs (lists of
-    {index: argument position, tensor_id}; tensor lists such as `cat`'s give one
+    {index: argument position, tensor_id, storage_id}; tensor lists such as `cat`'s give one
     entry per tensor at the list's position). Reads schema 1.0.x (top-level `rf_id`,
     `parent`) and 1.1.x-chakra (`attrs`, `ctrl_deps`). Raises `TraceFileError` for an
     unreadable file and `ExecutionTraceError` when the JSON is not an ET.
@@ -124,27 +124,38 @@ def _node_row(node: dict[str, Any]) -> tuple[Any, ...]:
     if "!" not in schema and not str(node["name"]).endswith("_"):
         # An op that returns an input (`resolve_conj`, a no-op `to`) wrote nothing new;
         # only a mutating one (`Tensor(a!)`, `add_`) writes the tensor it returns.
-        read = {t["tensor_id"] for t in inputs}
-        outputs = [t for t in outputs if t["tensor_id"] not in read]
+        read = {(t["tensor_id"], t["storage_id"]) for t in inputs}
+        outputs = [t for t in outputs if (t["tensor_id"], t["storage_id"]) not in read]
     rf_id = attrs.get("rf_id", node.get("rf_id"))
     tid = attrs.get("tid", node.get("tid"))
     return (int(node["id"]), str(node["name"]), parent, rf_id, tid, inputs, outputs)
 
 
 def _tensors(values: list[Any], types: list[str]) -> list[dict[str, Any]]:
-    """Tensor arguments as {index, tensor_id}; an ET tensor value is
-    [tensor_id, storage_id, offset, numel, itemsize, device]."""
+    """Tensor arguments as {index, tensor_id, storage_id}; an ET tensor value is
+    [tensor_id, storage_id, offset, numel, itemsize, device].
+
+    A tensor is known by both ids: the observer hands a freed tensor's id to the next
+    tensor made at its address, and only the storage id tells the two apart (keyed by id
+    alone, the corpus's UNet read a `conv2d` output freed long before as a `div` input).
+    """
     found = []
     for index, (value, kind) in enumerate(zip(values, types, strict=False)):
         if kind.startswith("Tensor") and isinstance(value, list) and value:
-            found.append({"index": index, "tensor_id": int(value[0])})
+            found.append({"index": index, **_tensor_key(value)})
         elif kind.startswith("GenericList[Tensor") and isinstance(value, list):
             found.extend(
-                {"index": index, "tensor_id": int(item[0])}
+                {"index": index, **_tensor_key(item)}
                 for item in value
                 if isinstance(item, list) and item
             )
     return found
+
+
+def _tensor_key(value: list[Any]) -> dict[str, int]:
+    """`tensor_id` and `storage_id` of one ET tensor value (-1: no storage recorded)."""
+    storage = value[1] if len(value) > 1 and isinstance(value[1], int) else -1
+    return {"tensor_id": int(value[0]), "storage_id": int(storage)}
 
 
 # -- pairing ET nodes with trace ops -------------------------------------------------------
@@ -266,7 +277,7 @@ def _exact_edges(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         .select(pl.col("root").alias("producer"), pl.col("et_id").alias("_at"), "outputs")
         .explode("outputs")
         .drop_nulls("outputs")
-        .select("producer", "_at", pl.col("outputs").struct.field("tensor_id"))
+        .select("producer", "_at", pl.col("outputs").struct.field("tensor_id", "storage_id"))
         .sort("_at")
     )
     if reads.height == 0 or writes.height == 0:
@@ -277,7 +288,7 @@ def _exact_edges(nodes: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         reads.join_asof(
             writes,
             on="_at",
-            by="tensor_id",
+            by=["tensor_id", "storage_id"],
             strategy="backward",
             allow_exact_matches=False,
             check_sortedness=False,

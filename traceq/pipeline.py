@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+import polars as pl
 
 from traceq.errors import TraceError
 from traceq.loader import cache as C
@@ -37,22 +39,25 @@ def load(
     name = describe(src)
     report = progress or (lambda _: None)
     entry = C.entry_for(src) if isinstance(src, (str, os.PathLike)) and C.enabled(cache) else None
+
+    def cold() -> tuple[dict[str, Any], pl.DataFrame, dict[str, pl.DataFrame]]:
+        try:
+            decoded = read_events(src, max_bytes, report)
+            report(Progress("linking", events=decoded.events.height))
+            frames = link_frames(decoded.events)
+        except TraceError as exc:
+            if exc.source is None:
+                raise type(exc)(str(exc), source=name) from None
+            raise
+        if entry is not None:
+            report(Progress("writing cache", events=decoded.events.height))
+            C.write(entry, decoded.metadata, decoded.events, frames)
+        return decoded.metadata, decoded.events, frames
+
     if entry is not None:
         report(Progress("reading cache"))
-        cached = C.read(entry)
-        if cached is not None:
-            return Trace(
-                source=name, metadata=cached.metadata, events=cached.events, frames=cached.frames
-            )
-    try:
-        decoded = read_events(src, max_bytes, report)
-        report(Progress("linking", events=decoded.events.height))
-        frames = link_frames(decoded.events)
-    except TraceError as exc:
-        if exc.source is None:
-            raise type(exc)(str(exc), source=name) from None
-        raise
-    if entry is not None:
-        report(Progress("writing cache", events=decoded.events.height))
-        C.write(entry, decoded.metadata, decoded.events, frames)
-    return Trace(source=name, metadata=decoded.metadata, events=decoded.events, frames=frames)
+        stored = C.read(entry, rebuild=lambda: cold()[1:])
+        if stored is not None:  # frames are decoded when first used
+            return Trace(source=name, metadata=stored.metadata, events=stored.events, frames=stored)
+    metadata, events, frames = cold()
+    return Trace(source=name, metadata=metadata, events=events, frames=frames)

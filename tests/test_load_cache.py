@@ -364,3 +364,172 @@ def test_frames_keep_their_dtypes_through_the_cache(cache_dir: Path, trace_file:
     hit = traceq.load(trace_file)
     assert hit.ops.schema == cold.ops.schema
     assert hit.ops.schema["shapes"] == pl.List(pl.List(pl.Int64))
+
+
+GPU_FIXTURE = FIXTURE.parent / "gpu" / "hta-alexnet-a100.json.gz"  # HTA's, MIT (sources.json)
+
+
+def rewritten(entry: Path, change: dict[str, bytes]) -> None:
+    """Rewrite an entry with some members replaced: every CRC-32 is valid again, so only
+    what lies past the CRC (the frame's own bytes) is damaged."""
+    with zipfile.ZipFile(entry) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    entry.unlink()
+    with zipfile.ZipFile(entry, "w") as archive:
+        for name, blob in {**members, **change}.items():
+            archive.writestr(name, blob)
+
+
+def undecodable(blob: bytes) -> bytes:
+    """An IPC file whose footer (schema, rows) is intact and whose every zstd-compressed
+    buffer fails to decode: each zstd frame's magic number is changed."""
+    magic = b"\x28\xb5\x2f\xfd"
+    assert blob.count(magic) > 0
+    return blob.replace(magic, b"\x28\xb5\x2f\xfe")
+
+
+def member(entry: Path, name: str) -> bytes:
+    with zipfile.ZipFile(entry) as archive:
+        return archive.read(name)
+
+
+@pytest.mark.parametrize("fixture", [FIXTURE, GPU_FIXTURE], ids=["cpu", "gpu"])
+def test_info_of_a_hit_is_info_of_a_cold_load(
+    fixture: Path, cache_dir: Path, tmp_path: Path, parses: list[int]
+) -> None:
+    path = tmp_path / fixture.name
+    shutil.copyfile(fixture, path)
+    runner = CliRunner()
+    cold = runner.invoke(main, ["info", "--no-cache", "--format", "json", str(path)])
+    first = runner.invoke(main, ["info", "--format", "json", str(path)])
+    hit = runner.invoke(main, ["info", "--format", "json", str(path)])
+    assert cold.exit_code == first.exit_code == hit.exit_code == 0, hit.output
+    assert len(parses) == 2  # the cold load and the one that wrote the entry
+    assert msgspec.json.decode(hit.output) == msgspec.json.decode(cold.output)
+    assert msgspec.json.decode(first.output) == msgspec.json.decode(cold.output)
+    if fixture == GPU_FIXTURE:
+        assert msgspec.json.decode(hit.output)["devices"]  # the per-device rows are compared
+
+
+def test_info_of_a_hit_decodes_only_the_columns_it_reads(
+    cache_dir: Path, trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traceq.load(trace_file)
+    decoded: list[tuple[str, tuple[str, ...]]] = []
+    whole: list[str] = []
+    select, table = C.Stored.select, C.Stored.table
+
+    def spy_select(self: C.Stored, name: str, columns: list[str]) -> pl.DataFrame:
+        decoded.append((name, tuple(columns)))
+        return select(self, name, columns)
+
+    def spy_table(self: C.Stored, name: str) -> pl.DataFrame:
+        whole.append(name)
+        return table(self, name)
+
+    monkeypatch.setattr(C.Stored, "select", spy_select)
+    monkeypatch.setattr(C.Stored, "table", spy_table)
+    result = CliRunner().invoke(main, ["info", str(trace_file)])
+    assert result.exit_code == 0, result.output
+    assert whole == []  # no frame decoded whole, `events` least of all
+    events = {column for name, columns in decoded if name == "events" for column in columns}
+    assert events == {"event", "cat", "ph", "ts_ns", "dur_ns"}  # not `args`, `name`, ...
+
+
+def test_a_hit_decodes_each_column_once_and_gives_the_frames_of_a_cold_load(
+    cache_dir: Path, trace_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cold = traceq.load(trace_file, cache=False)
+    traceq.load(trace_file)
+    hit = traceq.load(trace_file)
+    reads: list[list[str] | None] = []
+    read_ipc = pl.read_ipc
+
+    def counting(source: bytes, *, columns: list[str] | None = None) -> pl.DataFrame:
+        reads.append(columns)
+        return read_ipc(source, columns=columns)
+
+    monkeypatch.setattr(C.pl, "read_ipc", counting)
+    assert_frame_equal(hit.select("ops", "name", "ts_ns"), cold.ops.select("name", "ts_ns"))
+    assert_frame_equal(hit.select("ops", "ts_ns"), cold.ops.select("ts_ns"))
+    assert reads == [["name", "ts_ns"]]  # the second select decoded nothing
+    assert_frame_equal(hit.ops, cold.ops, check_exact=True)
+    assert reads[1:] == [[c for c in cold.ops.columns if c not in ("name", "ts_ns")]]
+    assert hit.ops is hit.ops and hit.events is hit.events
+    with pytest.raises(pl.exceptions.ColumnNotFoundError):
+        hit.select("kernels", "no_such_column")
+    monkeypatch.undo()
+    assert_same_trace(cold, hit)
+
+
+@pytest.mark.parametrize("first_use", ["a whole frame", "some columns", "the events"])
+def test_a_frame_damaged_past_its_crc_is_rebuilt_when_first_decoded(
+    first_use: str, cache_dir: Path, trace_file: Path, parses: list[int]
+) -> None:
+    """The lazy path: the entry passes every check at load (CRC-32s, footers' schema and
+    rows), and its frames fail only when decoded; that is a rebuild, not a traceback."""
+    cold = traceq.load(trace_file)
+    (entry,) = entries(cache_dir)
+    name = "events" if first_use == "the events" else "ops"
+    rewritten(entry, {f"{name}.arrow": undecodable(member(entry, f"{name}.arrow"))})
+    hit = traceq.load(trace_file)
+    assert len(parses) == 1  # verified and trusted at load: nothing decoded yet
+    if first_use == "a whole frame":
+        assert_frame_equal(hit.ops, cold.ops, check_exact=True)
+    elif first_use == "some columns":
+        assert_frame_equal(hit.select("ops", "name"), cold.ops.select("name"))
+    else:
+        assert_frame_equal(hit.events, cold.events)
+    assert len(parses) == 2  # the damage was found, and the trace loaded cold again
+    assert_same_trace(cold, hit)
+    assert len(parses) == 2  # every frame now is the rebuild's
+    (again,) = entries(cache_dir)  # the damaged entry was replaced by the rebuild's
+    frame = pl.read_ipc(member(again, f"{name}.arrow"))
+    assert_frame_equal(frame, cold.events if name == "events" else cold.ops, check_exact=True)
+    assert_same_trace(cold, traceq.load(trace_file))
+    assert len(parses) == 2  # the rebuilt entry is whole and trusted
+
+
+def test_a_frame_truncated_inside_a_whole_zip_is_found_at_load(
+    cache_dir: Path, trace_file: Path, parses: list[int]
+) -> None:
+    """A truncated frame file under a valid CRC (it was written truncated) has no IPC footer:
+    `read` sees it before anything is decoded, and the trace loads cold."""
+    cold = traceq.load(trace_file)
+    (entry,) = entries(cache_dir)
+    blob = member(entry, "kernels.arrow")
+    rewritten(entry, {"kernels.arrow": blob[: len(blob) // 2]})
+    again = traceq.load(trace_file)
+    assert len(parses) == 2
+    assert_same_trace(cold, again)
+
+
+def test_info_on_an_entry_damaged_past_its_crc_prints_the_cold_answer(
+    cache_dir: Path, trace_file: Path
+) -> None:
+    runner = CliRunner()
+    cold = runner.invoke(main, ["info", "--no-cache", "--format", "json", str(trace_file)])
+    traceq.load(trace_file)
+    (entry,) = entries(cache_dir)
+    damage = {
+        f"{name}.arrow": undecodable(member(entry, f"{name}.arrow")) for name in ("events", "ops")
+    }
+    rewritten(entry, damage)
+    result = runner.invoke(main, ["info", "--format", "json", str(trace_file)])
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert msgspec.json.decode(result.output) == msgspec.json.decode(cold.output)
+
+
+def test_damage_found_after_the_trace_changed_is_one_error_line(
+    cache_dir: Path, trace_file: Path
+) -> None:
+    """The columns decoded before are of the file as it was: rebuilding from the changed
+    file would mix two traces, so the command stops with one line (exit 2)."""
+    traceq.load(trace_file)
+    (entry,) = entries(cache_dir)
+    rewritten(entry, {"ops.arrow": undecodable(member(entry, "ops.arrow"))})
+    hit = traceq.load(trace_file)
+    hit.select("events", "cat")
+    os.utime(trace_file, ns=(1, 1))
+    with pytest.raises(traceq.TraceFileError, match="changed after it was loaded"):
+        hit.ops  # noqa: B018

@@ -17,7 +17,6 @@ from traceq.errors import TraceError
 from traceq.loader import cache as C
 from traceq.loader.load import Progress, read_events
 from traceq.loader.source import describe
-from traceq.relations.link import link_frames
 from traceq.trace import Trace
 
 
@@ -41,6 +40,8 @@ def load(
     entry = C.entry_for(src) if isinstance(src, (str, os.PathLike)) and C.enabled(cache) else None
 
     def cold() -> tuple[dict[str, Any], pl.DataFrame, dict[str, pl.DataFrame]]:
+        from traceq.relations.link import link_frames  # numpy with it: not for a cache hit
+
         try:
             decoded = read_events(src, max_bytes, report)
             report(Progress("linking", events=decoded.events.height))

@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import polars as pl
 
-from traceq.relations.link import LAUNCH_API
+from traceq.relations.launches import LAUNCH_API
 
 
 @runtime_checkable

@@ -56,6 +56,7 @@ from typing import Any
 import msgspec
 import polars as pl
 
+from traceq.errors import TraceFileError
 from traceq.loader.decode import without_null_storage
 
 # Bump when a frame's columns or meaning change; the source digest below is the safety net.
@@ -79,6 +80,8 @@ _FRAME_SOURCES = (
     "relations/nesting.py",
 )
 _PACKAGE = Path(__file__).resolve().parent.parent
+# What a decode of damaged bytes raises (a Polars panic is a BaseException).
+_DAMAGE = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError, ValueError)
 # What a cold load gives: the events frame and the typed frames by name.
 Tables = tuple[pl.DataFrame, dict[str, pl.DataFrame]]
 
@@ -176,16 +179,16 @@ def _versions() -> dict[str, str]:
 
 
 class Stored(Mapping[str, pl.DataFrame]):
-    """A cache entry's frames, each decoded when first asked for, and only the columns asked
-    for when a caller names them (`select`): `traceq info` on the 2.16M-event trace needs 4
-    of the 20 event columns (40 MB of 380 MB decoded) and none of `ops`' 20, so it decodes
-    a tenth of the entry.
+    """A cache entry's frames, each column decoded when first asked for and kept: `select`
+    decodes the columns it names, a frame (`stored["ops"]`, `events()`) the rest of its
+    own. `traceq info` on the 2.16M-event trace needs 4 of the 20 event columns (40 MB of
+    380 MB decoded) and none of `ops`' 20, so it decodes a tenth of the entry.
 
-    A Mapping of the typed frames by name (like the dict a cold load gives); `events()`
-    is the events frame. Everything it decodes was verified by `read` first (every
-    member's CRC-32, every frame's schema and rows from its IPC footer), so a decode that
-    still fails is an entry damaged past what a CRC sees: the entry is removed and
-    `rebuild` (the cold load) gives the frames instead, never a traceback or a wrong frame.
+    A Mapping of the typed frames by name, like the dict a cold load gives; `events()` is
+    the events frame. Everything it decodes was verified by `read` first (every member's
+    CRC-32, every frame's schema and rows from its IPC footer), so a decode that still
+    fails is an entry damaged past what a CRC sees: the entry is removed and `rebuild`
+    (the cold load) gives every frame instead, never a traceback or a wrong frame.
     """
 
     def __init__(
@@ -193,13 +196,16 @@ class Stored(Mapping[str, pl.DataFrame]):
         entry: Entry,
         metadata: dict[str, Any],
         blobs: dict[str, bytes],
+        columns: dict[str, list[str]],
         rebuild: Callable[[], Tables],
     ) -> None:
         self.entry = entry
         self.metadata = metadata
         self._blobs = blobs  # table name ("events" among them) -> verified Arrow IPC bytes
+        self._columns = columns  # table name -> its column names, in order
         self._names = [name for name in blobs if name != "events"]
-        self._decoded: dict[str, pl.DataFrame] = {}
+        self._read: dict[str, dict[str, pl.Series]] = {name: {} for name in blobs}
+        self._whole: dict[str, pl.DataFrame] = {}
         self._rebuild = rebuild
 
     def __getitem__(self, name: str) -> pl.DataFrame:
@@ -217,35 +223,48 @@ class Stored(Mapping[str, pl.DataFrame]):
         return self.table("events")
 
     def table(self, name: str) -> pl.DataFrame:
-        """Table `name` ("events" or a frame), decoded whole once and kept."""
-        frame = self._decoded.get(name)
+        """Table `name` ("events" or a frame), whole."""
+        frame = self._whole.get(name)
         if frame is None:
-            frame = self._decoded[name] = self._decode(name, None)
+            frame = without_null_storage(self.select(name, self._columns[name]))
+            self._whole[name] = frame
+            self._read.pop(name, None)  # its columns live on in the frame
         return frame
 
     def select(self, name: str, columns: Sequence[str]) -> pl.DataFrame:
-        """Table `name` with only `columns`, not kept: read from its IPC bytes (only those
-        columns' buffers are decompressed) unless the whole table was decoded already."""
-        frame = self._decoded.get(name)
-        return frame.select(columns) if frame is not None else self._decode(name, columns)
-
-    def _decode(self, name: str, columns: Sequence[str] | None) -> pl.DataFrame:
-        if name not in self._blobs:
+        """Table `name` with only `columns`; only the columns not decoded yet are read from
+        its IPC bytes (Arrow IPC decompresses each column's buffers apart)."""
+        whole = self._whole.get(name)
+        if whole is not None:
+            return whole.select(columns)
+        if name not in self._columns:
             raise KeyError(name)
-        try:
-            if columns is None:
-                return without_null_storage(pl.read_ipc(self._blobs[name]))
-            return pl.read_ipc(self._blobs[name], columns=list(columns))
-        except pl.exceptions.ColumnNotFoundError:
-            raise
-        except (pl.exceptions.PolarsError, OSError, ValueError):
-            pass
-        _remove(self.entry.path)  # damaged past its CRC: nothing of it is trusted
-        events, frames = self._rebuild()  # every table is now the cold load's
-        self._decoded = {"events": events, **frames}
-        self._blobs = {}
-        frame = self._decoded[name]
-        return frame if columns is None else frame.select(columns)
+        unknown = [column for column in columns if column not in self._columns[name]]
+        if unknown:
+            raise pl.exceptions.ColumnNotFoundError(f"{name} has no column {unknown[0]!r}")
+        read = self._read[name]
+        missing = [column for column in columns if column not in read]
+        if missing:
+            try:
+                read.update(pl.read_ipc(self._blobs[name], columns=missing).to_dict())
+            except _DAMAGE:
+                self._rebuilt()
+                return self._whole[name].select(columns)
+        return pl.DataFrame([read[column] for column in columns])
+
+    def _rebuilt(self) -> None:
+        """Replace every table by the cold load's, once the entry proved damaged; unless the
+        file changed since: what was decoded already is of the file as it was then."""
+        _remove(self.entry.path)  # nothing of it is trusted any more
+        again = entry_for(self.entry.identity["path"])
+        if again is None or again.key != self.entry.key:
+            raise TraceFileError(
+                f"{self.entry.identity['path']} changed after it was loaded, and its cached "
+                "frames proved damaged: load it again"
+            )
+        events, frames = self._rebuild()
+        self._whole = {"events": events, **frames}
+        self._read, self._blobs = {}, {}
 
 
 def read(entry: Entry, rebuild: Callable[[], Tables]) -> Stored | None:
@@ -264,12 +283,15 @@ def read(entry: Entry, rebuild: Callable[[], Tables]) -> Stored | None:
             blobs = {name: _verified(archive, name, spec) for name, spec in meta["frames"].items()}
     except FileNotFoundError:
         return None
-    except Exception:  # any damage at all (zip, CRC, IPC, meta.json) means: rebuild
+    except (Exception, pl.exceptions.PanicException):  # any damage at all means: rebuild
         _remove(entry.path)
         return None
     with contextlib.suppress(OSError):
         os.utime(entry.path)  # least recently used is evicted first
-    return Stored(entry, meta["metadata"], blobs, rebuild)
+    columns = {
+        name: [column for column, _ in spec["schema"]] for name, spec in meta["frames"].items()
+    }
+    return Stored(entry, meta["metadata"], blobs, columns, rebuild)
 
 
 def _verified(archive: zipfile.ZipFile, name: str, spec: dict[str, Any]) -> bytes:

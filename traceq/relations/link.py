@@ -12,12 +12,8 @@ import polars as pl
 from traceq.loader import frames as F
 from traceq.loader.decode import without_null_storage
 from traceq.loader.frames import MODULE_PREFIX
+from traceq.relations.launches import LAUNCH_API as LAUNCH_API
 from traceq.relations.nesting import NONE, depths, enclosing, parents
-
-LAUNCH_API = (
-    r"(?i)^(cuda|cu|hip|hipExt)(LaunchKernel|LaunchCooperativeKernel|LaunchKernelExC|"
-    r"ModuleLaunchKernel|ExtModuleLaunchKernel|Memcpy\w*Async|Memset\w*Async|GraphLaunch)"
-)
 
 
 def _groups(*frames: pl.DataFrame) -> list[np.ndarray]:

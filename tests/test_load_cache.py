@@ -533,3 +533,17 @@ def test_damage_found_after_the_trace_changed_is_one_error_line(
     os.utime(trace_file, ns=(1, 1))
     with pytest.raises(traceq.TraceFileError, match="changed after it was loaded"):
         hit.ops  # noqa: B018
+
+
+def test_a_cached_trace_pickles_with_its_frames(cache_dir: Path, trace_file: Path) -> None:
+    """What a process pool sends: the frames, decoded, not the reader of this process's cache."""
+    import pickle
+
+    cold = traceq.load(trace_file, cache=False)
+    traceq.load(trace_file)
+    hit = traceq.load(trace_file)
+    copy = pickle.loads(pickle.dumps(hit))
+    assert isinstance(copy.frames, dict)
+    assert copy.source == hit.source
+    assert_same_trace(cold, copy)
+    assert copy.unlinked == cold.unlinked

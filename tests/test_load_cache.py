@@ -456,6 +456,9 @@ def test_a_hit_decodes_each_column_once_and_gives_the_frames_of_a_cold_load(
     assert_frame_equal(hit.ops, cold.ops, check_exact=True)
     assert reads[1:] == [[c for c in cold.ops.columns if c not in ("name", "ts_ns")]]
     assert hit.ops is hit.ops and hit.events is hit.events
+    before = len(reads)
+    assert "kernels" in hit.frames and "events" not in hit.frames
+    assert len(reads) == before  # asking which frames there are decodes none
     with pytest.raises(pl.exceptions.ColumnNotFoundError):
         hit.select("kernels", "no_such_column")
     monkeypatch.undo()

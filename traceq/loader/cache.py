@@ -233,6 +233,9 @@ class Stored(Mapping[str, pl.DataFrame]):
     def __len__(self) -> int:
         return len(self._names)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without decoding the frame, as Mapping's would
+
     def events(self) -> pl.DataFrame:
         return self.table("events")
 

@@ -42,12 +42,15 @@ class JobAnalysis:
 
 def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
     """The map step: one rank's summary and its single-trace findings (as plain dicts)."""
-    from traceq.pipeline import load
-    from traceq.rules.engine import run
+    from traceq.job.rankload import load_for_map
+    from traceq.rules.config import selected
+    from traceq.rules.engine import discover, run
 
-    trace = load(task.path)
+    ruleset = discover()
+    rules = any(r.scope == "trace" for r in selected(ruleset.rules, config))
+    trace = load_for_map(task.path, rules=rules)
     summary = summarize(trace, task.rank, task.rank_source)
-    analysis = run(trace, config)
+    analysis = run(trace, config, ruleset=ruleset)
     summary.extra["device"] = analysis.device.to_dict()
     summary.extra["rules"] = [r.code for r in analysis.rules]
     findings = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -42,10 +43,12 @@ class Outcome:
     value: Any = None
     error: str | None = None
     peak_rss_mb: float = 0.0  # the process's peak RSS after this rank (workers report theirs)
+    cpu_s: float = 0.0  # CPU seconds this rank's map took in its process (load-independent)
 
 
 def run_task(fn: Callable[..., Any], task: Task, args: tuple[Any, ...]) -> Outcome:
     """Run `fn` for one rank; bad input becomes that rank's error line, never a crash."""
+    start = time.process_time()
     try:
         outcome = Outcome(task.rank, fn(task, *args))
     except TraceError as exc:
@@ -53,6 +56,7 @@ def run_task(fn: Callable[..., Any], task: Task, args: tuple[Any, ...]) -> Outco
     except MemoryError:
         outcome = Outcome(task.rank, error=f"rank {task.rank}: {task.path}: out of memory")
     outcome.peak_rss_mb = _peak_rss_mb()
+    outcome.cpu_s = time.process_time() - start
     return outcome
 
 

@@ -31,9 +31,9 @@ JobSource = str | os.PathLike[str] | list[str | os.PathLike[str]]
 
 def summarize_task(task: Task) -> RankSummary:
     """Map step of `Job.frames`: load one rank and reduce it to its `RankSummary`."""
-    from traceq.pipeline import load
+    from traceq.job.rankload import load_for_map
 
-    return summarize(load(task.path), task.rank, task.rank_source)
+    return summarize(load_for_map(task.path, rules=False), task.rank, task.rank_source)
 
 
 @dataclass
@@ -170,6 +170,7 @@ class Job:
         self.engine, self.workers, self.address, self.align = engine, workers, address, align
         self._traces: dict[int, Trace] = {}
         self.worker_peak_rss_mb = 0.0
+        self.map_cpu_s = 0.0  # CPU seconds of the last map, summed over ranks (all processes)
         self.failed: dict[int, str] = {}
 
     # -- what the heads say ---------------------------------------------------------------
@@ -257,6 +258,7 @@ class Job:
             fn, self.tasks(), args, engine=self.engine, workers=self.workers, address=self.address
         )
         self.worker_peak_rss_mb = max((o.peak_rss_mb for o in outcomes), default=0.0)
+        self.map_cpu_s = sum(o.cpu_s for o in outcomes)
         for outcome in outcomes:
             if outcome.error:
                 self.failed[outcome.rank] = outcome.error

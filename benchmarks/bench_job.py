@@ -42,8 +42,10 @@ NCCL = ("ncclKernel_", "ncclDevKernel_")
 
 
 def make_job(source: Path, ranks: int, out: Path, slow_rank: int, delay_us: float, skew_us: float):
-    """`ranks` copies of `source` as rank-<r>.json.gz under `out` (skipped when present)."""
-    stamp = out / "made.json"
+    """`ranks` copies of `source` as rank-<r>.json.gz under `out` (skipped when present).
+    The stamp that says how they were made lies beside the folder, not in it: a job folder
+    holds only its traces (a stray `made.json` in it was listed, and failed, as a rank)."""
+    stamp = out.parent / f"{out.name}.made.json"
     spec = {"source": str(source), "ranks": ranks, "slow": slow_rank, "delay_us": delay_us,
             "skew_us": skew_us}  # fmt: skip
     if stamp.exists() and json.loads(stamp.read_text()) == spec:
@@ -96,6 +98,8 @@ print(json.dumps({
     "seconds": seconds, "import_s": imported,
     "driver_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "child_mb": job.worker_peak_rss_mb,
+    "map_cpu_s": job.map_cpu_s,
+    "failed_ranks": len(job.failed),
     "stragglers": stragglers, "ranks": result.frames.ranks.height,
     "breakdown_rows": breakdown.height, "collective_calls": result.frames.collectives.height,
     "alignment_applied_us": [v / 1e3 for v in result.frames.alignment["applied_ns"].to_list()][:4],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import traceq
-from traceq.job.ranks import distributed_info, head
+from traceq.job.ranks import HEAD_BYTES, HEAD_STEP, distributed_info, head, head_distributed_info
 
 REPO = Path(__file__).resolve().parent.parent
 SLOW_JOB = REPO / "fixtures" / "jobs" / "ddp_gloo_slow2"
@@ -46,6 +46,25 @@ def test_head_distributed_info_is_the_full_decode():
     with gzip.open(path) as f:
         full = json.loads(f.read())["distributedInfo"]
     assert distributed_info(head(path)) == full
+
+
+@pytest.mark.parametrize("padding", [0, HEAD_STEP * 3, HEAD_BYTES])
+def test_distributed_info_is_read_as_far_as_it_reaches(tmp_path, padding):
+    """Found early, it stops early; found past the first steps, it still is found; past
+    the head's limit, it is not (as a whole-head read would say)."""
+    info = {"rank": 3, "world_size": 8, "backend": "nccl"}
+    doc = {"schemaVersion": 1, "pad": "x" * padding, "distributedInfo": info, "traceEvents": []}
+    path = tmp_path / "rank.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=1))
+    expected = info if padding < HEAD_BYTES else {}
+    assert head_distributed_info(str(path)) == distributed_info(head(str(path))) == expected
+    assert len(head(str(path))) == min(HEAD_BYTES, len(json.dumps(doc)))
+
+
+@needs_shared
+def test_distributed_info_of_shared_ranks_is_the_whole_head_reading():
+    for path in sorted(HTA.glob("*/*.json.gz")):
+        assert head_distributed_info(str(path)) == distributed_info(head(str(path))), path
 
 
 def test_glob_and_list_sources_give_the_same_ranks():

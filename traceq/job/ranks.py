@@ -14,6 +14,7 @@ import json
 import os
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from traceq.errors import TraceFileError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 HEAD_BYTES = 1 << 20  # decompressed bytes searched for distributedInfo
+HEAD_STEP = 64 << 10  # the first head read, doubled until distributedInfo is found
 RANK_IN_NAME = re.compile(r"(?:rank|worker|_r)[-_]?(\d+)(?!.*(?:rank|worker)[-_]?\d)", re.I)
 _DIST_KEY = re.compile(rb'"distributedInfo"\s*:\s*\{')
 
@@ -66,18 +68,46 @@ def _is_trace(name: str) -> bool:
 
 def head(path: str, limit: int = HEAD_BYTES) -> bytes:
     """The first `limit` decompressed bytes of a (gzipped or plain) trace file."""
+    *_, text = _heads(path, limit)  # the last, longest head
+    return text
+
+
+def _heads(path: str, limit: int = HEAD_BYTES) -> Iterator[bytes]:
+    """Ever longer heads of the file, decompressed: 64 KB, 128 KB, ... up to `limit`, so a
+    reader that finds what it wants early (Kineto writes `distributedInfo` in the first few
+    KB) decompresses no more. Each step decompresses only the bytes it adds."""
     try:
         with open(path, "rb") as f:
             raw = f.read(limit)
     except OSError as exc:
         raise TraceFileError(f"cannot read: {exc.strerror or exc}", source=path) from None
     if raw[:2] != b"\x1f\x8b":
-        return raw
+        yield raw
+        return
     stream = zlib.decompressobj(wbits=31)
-    try:
-        return stream.decompress(raw, limit)
-    except zlib.error:
-        return b""  # the full load reports the corruption, with its message
+    text, pending, step = b"", raw, HEAD_STEP
+    while True:
+        try:
+            text += stream.decompress(pending, min(step, limit) - len(text))
+        except zlib.error:
+            text = b""  # the full load reports the corruption, with its message
+            break
+        pending = stream.unconsumed_tail
+        if stream.eof or not pending or len(text) >= limit:
+            break
+        yield text
+        step *= 2
+    yield text
+
+
+def head_distributed_info(path: str) -> dict[str, Any]:
+    """`distributedInfo` from the head of `path` (the first `HEAD_BYTES`), decompressing
+    only as far as it reaches."""
+    for text in _heads(path):
+        info = distributed_info(text)
+        if info:
+            return info
+    return {}
 
 
 def distributed_info(text: bytes) -> dict[str, Any]:
@@ -119,7 +149,7 @@ def rank_files(paths: list[str]) -> tuple[list[RankFile], list[str]]:
     """A `RankFile` per path, and the problems seen (duplicate ranks, mixed sources)."""
     found: list[RankFile] = []
     for path in paths:
-        info = distributed_info(head(path))
+        info = head_distributed_info(path)
         rank = info.get("rank")
         source = "distributedInfo"
         if not isinstance(rank, int) or isinstance(rank, bool):

@@ -30,7 +30,10 @@ BREAKDOWN = {
     "busy_ns": pl.Int64,
     "idle_ns": pl.Int64,
     "exposed_comm_ns": pl.Int64,
+    "hideable_comm_ns": pl.Int64,
 }
+# Backward ops (autograd's engine names each node it runs): where a step's backward begins.
+BACKWARD_OP = "autograd::engine::evaluate_function:"
 
 
 def union_ns(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
@@ -99,7 +102,8 @@ def typed_intervals(trace: Trace) -> pl.DataFrame:
 def step_breakdown(trace: Trace) -> pl.DataFrame:
     """One row per step (`BREAKDOWN`); a trace without steps gets one row, `step` null, for
     all of it. Exposed communication is |COMM ∪ COMP| − |COMP|: the COMM time no compute
-    ran beside."""
+    ran beside; `hideable_comm_ns` is the part of it that idle compute could hide
+    (`hideable_comm`)."""
     on = "gpu" if trace.kernels.height else "cpu"
     work = typed_intervals(trace)
     if work.height == 0:
@@ -113,15 +117,19 @@ def step_breakdown(trace: Trace) -> pl.DataFrame:
     by_type = union_ns(work, ["step", "type"]).pivot(on="type", index="step", values="union_ns")
     busy = union_ns(work, ["step"]).rename({"union_ns": "busy_ns"})
     compute_or_comm = union_ns(work.filter(pl.col("type") != "MEM"), ["step"])
+    hideable = hideable_comm(work, backward_starts(trace, on))
     frame = (
         spans.join(busy, on="step", how="left", nulls_equal=True)
         .join(by_type, on="step", how="left", nulls_equal=True)
         .join(compute_or_comm, on="step", how="left", nulls_equal=True)
+        .join(hideable, on="step", how="left", nulls_equal=True)
     )
     for column in ("COMP", "COMM", "MEM"):
         if column not in frame.columns:
             frame = frame.with_columns(pl.lit(0, pl.Int64).alias(column))
-    frame = frame.with_columns(pl.col("COMP", "COMM", "MEM", "busy_ns", "union_ns").fill_null(0))
+    frame = frame.with_columns(
+        pl.col("COMP", "COMM", "MEM", "busy_ns", "union_ns", "hideable_comm_ns").fill_null(0)
+    )
     return (
         frame.with_columns(
             pl.lit(on).alias("on"),
@@ -133,6 +141,107 @@ def step_breakdown(trace: Trace) -> pl.DataFrame:
         )
         .select(pl.col(c).cast(t) for c, t in BREAKDOWN.items())
         .sort("step")
+    )
+
+
+def backward_starts(trace: Trace, on: str) -> pl.DataFrame:
+    """Per step, where its backward begins (`step, backward_ns`): the first autograd node
+    (`autograd::engine::evaluate_function: ...`) on the host; on a GPU rank, the first GPU
+    activity launched from then on. Steps without one (inference, no autograd ops) have no
+    row."""
+    nodes = trace.ops.filter(pl.col("name").str.starts_with(BACKWARD_OP))
+    host = nodes.group_by("step").agg(pl.col("ts_ns").min().alias("backward_ns"))
+    host = host.filter(pl.col("step").is_not_null())
+    if on == "cpu" or host.height == 0:
+        return host
+    launched = trace.kernels.filter(pl.col("launch_ts_ns").is_not_null()).join(
+        host, on="step", how="inner"
+    )
+    return (
+        launched.filter(pl.col("launch_ts_ns") >= pl.col("backward_ns"))
+        .group_by("step")
+        .agg(pl.col("ts_ns").min().alias("backward_ns"))
+    )
+
+
+def hideable_comm(work: pl.DataFrame, backward: pl.DataFrame) -> pl.DataFrame:
+    """Per step, the exposed communication that compute free at the time could hide
+    (`step, hideable_comm_ns`): the overlap achievable by issuing collectives earlier.
+
+    A step is cut into forward (before `backward_ns`, from `backward_starts`) and backward.
+    Within a phase, each stretch of exposed COMM (no COMP beside it) may be hidden by COMP
+    that ran earlier in the same phase with no COMM beside it, each nanosecond of compute
+    hiding at most one of communication, earliest first. Compute after a collective is taken
+    to depend on it (the optimizer consumes reduced gradients), and forward compute cannot
+    hide gradient collectives (no gradient exists yet), nor backward compute the forward's
+    collectives. Greedy in time order, the hidden total after the k-th stretch is
+    A_k = min(A_{k−1} + e_k, C_k) (e: exposed length, C: free compute before it), so
+    A = E + min(0, min_k(C_k − E_k)) with E the running exposed sum: one pass per phase."""
+    schema = {"step": pl.Int64, "hideable_comm_ns": pl.Int64}
+    work = work.filter(pl.col("type").is_in(["COMM", "COMP"]))
+    if work.height == 0:
+        return pl.DataFrame(schema=schema)
+    comm = (pl.col("type") == "COMM").cast(pl.Int64)
+    comp = (pl.col("type") == "COMP").cast(pl.Int64)
+    edges = pl.concat(
+        [
+            work.select(
+                "step", pl.col("ts_ns").alias("t"), comm.alias("d_comm"), comp.alias("d_comp")
+            ),
+            work.select(
+                "step", pl.col("end_ns").alias("t"), -comm.alias("d_comm"), -comp.alias("d_comp")
+            ),
+            backward.select(
+                pl.col("step").cast(pl.Int64),
+                pl.col("backward_ns").alias("t"),
+                pl.lit(0, pl.Int64).alias("d_comm"),
+                pl.lit(0, pl.Int64).alias("d_comp"),
+            ),
+        ],
+        how="vertical_relaxed",
+    )
+    segments = (
+        edges.group_by("step", "t")
+        .agg(pl.col("d_comm", "d_comp").sum())
+        .sort("step", "t")
+        .with_columns(
+            pl.col("d_comm").cum_sum().over("step").alias("comm"),
+            pl.col("d_comp").cum_sum().over("step").alias("comp"),
+            (pl.col("t").shift(-1).over("step") - pl.col("t")).fill_null(0).alias("len"),
+        )
+        .join(
+            backward.select(pl.col("step").cast(pl.Int64), "backward_ns"),
+            on="step",
+            how="left",
+            nulls_equal=True,
+        )
+        .with_columns(
+            (pl.col("t") >= pl.col("backward_ns")).fill_null(False).alias("backward"),
+            pl.when((pl.col("comm") > 0) & (pl.col("comp") == 0))
+            .then("len")
+            .otherwise(0)
+            .alias("e"),
+            pl.when((pl.col("comp") > 0) & (pl.col("comm") == 0))
+            .then("len")
+            .otherwise(0)
+            .alias("f"),
+        )
+    )
+    phase = ["step", "backward"]
+    phases = (
+        segments.with_columns(
+            pl.col("e").cum_sum().over(phase).alias("E"),
+            pl.col("f").cum_sum().over(phase).alias("C"),
+        )
+        .group_by(phase)
+        .agg(
+            (
+                pl.col("E").max() + pl.min_horizontal(pl.lit(0), (pl.col("C") - pl.col("E")).min())
+            ).alias("hidden")
+        )
+    )
+    return (
+        phases.group_by("step").agg(pl.col("hidden").sum().alias("hideable_comm_ns")).cast(schema)
     )
 
 

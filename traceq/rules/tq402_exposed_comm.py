@@ -26,9 +26,14 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
     beside them (|COMM ∪ COMP| − |COMP| per step, on the GPU; on the host for gloo ranks),
     when it reaches `min_share` of the rank's step.
 
-    Savings model: the overlap achievable per step is the exposed time minus the time the
-    rank only waited for a later rank (TQ401's part: overlap cannot remove it), at most the
-    step's compute time (the work it could hide behind); summed over the steps.
+    Savings model: the overlap achievable per step (`hideable_comm_ns` of the breakdown):
+    each stretch of exposed communication can be hidden only by compute that ran earlier in
+    the same phase of the step (forward, or backward from the first autograd node) with no
+    communication beside it, each nanosecond of compute hiding one of communication —
+    compute after a collective is taken to depend on it (the optimizer step consumes the
+    reduced gradients), and forward compute cannot hide gradient collectives. At most the
+    exposed time minus the time the rank only waited for a later rank (TQ401's part:
+    overlap cannot remove it); summed over the steps.
 
     ## Why is this bad?
     Exposed communication adds straight to the step time. DDP and FSDP overlap gradient
@@ -68,7 +73,8 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
         )
         .with_columns(
             pl.min_horizontal(
-                (pl.col("exposed_comm_ns") - pl.col("wait_ns")).clip(lower_bound=0), "compute_ns"
+                (pl.col("exposed_comm_ns") - pl.col("wait_ns")).clip(lower_bound=0),
+                "hideable_comm_ns",
             ).alias("achievable_ns")
         )
     )
@@ -77,6 +83,7 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
         pl.col("comm_ns").sum(),
         pl.col("span_ns").sum(),
         pl.col("achievable_ns").sum(),
+        pl.col("hideable_comm_ns").sum(),
         pl.col("wait_ns").sum(),
         pl.col("step"),
         pl.col("on").first(),
@@ -99,7 +106,8 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
             time_us=row["exposed_comm_ns"] / US,
             est_saving_us=saving,
             saving_model=(
-                "Σ over steps of min(exposed comm − wait for later ranks, compute time) on the "
+                "Σ over steps of min(exposed comm − wait for later ranks, exposed comm that idle "
+                "compute earlier in the same phase (forward / backward) could hide) on the "
                 f"{row['on'].upper()}"
             ),
             fix=(
@@ -112,6 +120,7 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
                 "exposed_us": row["exposed_comm_ns"] / US,
                 "comm_us": row["comm_ns"] / US,
                 "wait_us": row["wait_ns"] / US,
+                "hideable_us": row["hideable_comm_ns"] / US,
                 "events": {row["rank"]: events[:50]},
             },
         )

@@ -62,6 +62,50 @@ def test_straggler_names_the_slowed_rank_and_the_wait_it_causes(slow):
     assert finding.est_saving_us == pytest.approx(sum(finding.evidence["wait_us_per_step"]))
 
 
+def test_fsdp_straggler_names_the_slowed_rank_and_its_sleep():
+    """FSDP2 (`fully_shard` per Linear and the root) over gloo, rank 1 slowed by a 40 ms
+    sleep in its forward: the others wait for it in FSDP's all-gathers; the sleep is its
+    extra time, as long as the rank's own `slow_rank_sleep` ranges in the raw JSON."""
+    info = manifest("fsdp_gloo_slow1")
+    assert info["parallel"] == "fsdp"
+    job = traceq.load_job(JOBS / "fsdp_gloo_slow1", engine="serial")
+    (finding,) = traceq.analyze_job(job, select=["TQ401"]).findings
+    assert finding.evidence["rank"] == info["slow_rank"] == 1
+    steps = finding.evidence["steps"]
+    assert len(steps) >= 3 and set(steps) <= set(info["profiled_steps"])
+    for wait_us in finding.evidence["wait_us_per_step"]:
+        assert wait_us >= 0.8 * info["delay_ms"] * 1e3
+    with gzip.open(JOBS / "fsdp_gloo_slow1" / "rank-1.pt.trace.json.gz") as f:
+        events = json.loads(f.read())["traceEvents"]
+    windows = {
+        int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#")
+    }
+    slept = [
+        e["dur"]
+        for e in events
+        if e.get("name") == "slow_rank_sleep"
+        and any(windows[s][0] <= e["ts"] < windows[s][1] for s in steps)
+    ]
+    assert len(slept) == len(steps)
+    sleep = next(w for w in finding.evidence["extra_time"] if w["name"] == "slow_rank_sleep")
+    assert sleep["extra_us"] == pytest.approx(sum(slept) / len(steps), rel=1e-6)
+    assert sleep["others_us"] == 0
+    names = {events[e]["name"] for e in finding.evidence["events"][1]}
+    assert names <= {"gloo:all_gather", "gloo:all_reduce"} and "gloo:all_gather" in names
+
+
+def test_nothing_fires_on_the_fsdp_job_with_no_rank_slowed():
+    assert manifest("fsdp_gloo_balanced")["slow_rank"] is None
+    job = traceq.load_job(JOBS / "fsdp_gloo_balanced", engine="serial")
+    assert traceq.analyze_job(job, select=["TQ4"]).findings == []
+    assert job.frames.collectives["collective"].unique().sort().to_list() == [
+        "allgather",
+        "allreduce",  # FSDP's reduce-scatter runs as gloo's allreduce
+    ]
+
+
 def test_no_straggler_when_no_rank_is_slowed(balanced):
     assert manifest("ddp_gloo_balanced")["slow_rank"] is None
     assert [f for f in balanced.findings if f.rule == "TQ401"] == []

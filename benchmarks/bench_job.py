@@ -98,7 +98,7 @@ print(json.dumps({
     "seconds": seconds, "import_s": imported,
     "driver_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "child_mb": job.worker_peak_rss_mb,
-    "map_cpu_s": job.map_cpu_s,
+    "map_cpu_s": getattr(job, "map_cpu_s", None),  # None: code from before it was measured
     "failed_ranks": len(job.failed),
     "stragglers": stragglers, "ranks": result.frames.ranks.height,
     "breakdown_rows": breakdown.height, "collective_calls": result.frames.collectives.height,

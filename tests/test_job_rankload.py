@@ -13,6 +13,8 @@ from polars.testing import assert_frame_equal
 import traceq
 from traceq.job.rankload import RankFrames, load_for_map, load_rank
 from traceq.job.summary import summarize
+from traceq.rules.config import Config
+from traceq.rules.engine import run
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "fixtures" / "jobs"
@@ -49,7 +51,11 @@ def test_light_frames_are_columns_of_the_full_frames(path):
 @pytest.mark.parametrize("path", RANKS)
 def test_a_rank_summary_is_the_same_from_the_light_load(path):
     left = summarize(traceq.load(path, cache=False), 1, "distributedInfo")
-    right = summarize(load_rank(path), 1, "distributedInfo")
+    light = load_rank(path)
+    right = summarize(light, 1, "distributedInfo")
+    device = run(light, Config(select=("TQ4",))).device  # no trace rule: the device model
+    assert not light.frames.complete  # the summary and the device model read no other frame
+    assert device == run(traceq.load(path, cache=False), Config(select=("TQ4",))).device
     for name in SUMMARY:
         assert_frame_equal(getattr(left, name), getattr(right, name))
     assert (left.events, left.steps, left.has_gpu, left.schema) == (
@@ -63,11 +69,26 @@ def test_a_rank_summary_is_the_same_from_the_light_load(path):
 def test_a_skipped_frame_is_built_on_demand_as_the_full_load_builds_it():
     path = RANKS[0]
     full, light = traceq.load(path, cache=False), load_rank(path)
-    assert "flows" not in dict.keys(light.frames)
     assert_frame_equal(light.flows, full.flows)
     assert light.frames.complete
     for name in full.frames:  # from then on every frame is the full one
         assert_frame_equal(light.frames[name], full.frames[name])
+
+
+@pytest.mark.parametrize(
+    "look",
+    [list, len, lambda f: "python" in f, lambda f: f.get("syncs"), lambda f: dict(f.items())],
+    ids=["iter", "len", "in", "get", "items"],
+)
+def test_any_look_at_the_whole_mapping_links_the_whole_trace(look):
+    full, light = traceq.load(RANKS[0], cache=False), load_rank(RANKS[0])
+    assert not light.frames.complete
+    look(light.frames)
+    assert light.frames.complete
+    assert sorted(light.frames) == sorted(full.frames)
+    assert_frame_equal(
+        light.sql("select count(*) as n from flows"), full.sql("select count(*) as n from flows")
+    )
 
 
 def test_bad_rank_is_one_error_naming_the_file(tmp_path):

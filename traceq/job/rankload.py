@@ -11,6 +11,7 @@ then, by the full link, so a rule that needs it still sees the whole trace.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -41,20 +42,56 @@ KERNEL_ARGS = {
 
 
 class RankFrames(dict[str, pl.DataFrame]):
-    """The light frames; the first frame asked for that is not among them links the whole
-    trace (`relations.link.link_frames`) and from then on every frame is the full one."""
+    """The light frames; the first frame asked for that is not among them — or any look
+    at the whole mapping (iteration, `in`, `get`, `len`) — links the whole trace
+    (`relations.link.link_frames`), and from then on every frame is the full one."""
 
     def __init__(self, events: pl.DataFrame, light: dict[str, pl.DataFrame]) -> None:
         super().__init__(light)
         self._events: pl.DataFrame | None = events
-        self.complete = False
+
+    @property
+    def complete(self) -> bool:
+        return self._events is None
+
+    def _complete(self) -> None:
+        if self._events is not None:
+            events, self._events = self._events, None
+            self.update(link_frames(events))
 
     def __missing__(self, name: str) -> pl.DataFrame:
         if self._events is None:
             raise KeyError(name)
-        self.update(link_frames(self._events))
-        self._events, self.complete = None, True
+        self._complete()
         return self[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._complete()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._complete()
+        return super().__len__()
+
+    def __contains__(self, name: object) -> bool:
+        self._complete()
+        return super().__contains__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._complete()
+        return super().get(name, default)
+
+    def keys(self) -> Any:
+        self._complete()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._complete()
+        return super().values()
+
+    def items(self) -> Any:
+        self._complete()
+        return super().items()
 
 
 def load_rank(path: str | os.PathLike[str]) -> Trace:

@@ -21,13 +21,6 @@ from traceq.loader import frames as F
 from traceq.loader.decode import without_null_storage
 from traceq.loader.load import read_events
 from traceq.loader.source import describe
-from traceq.relations.link import (
-    link_frames,
-    link_kernels,
-    link_runtime,
-    nest_ops,
-    step_of,
-)
 from traceq.trace import Trace
 
 # The `args` keys each light frame reads: what the links and the job's summary use.
@@ -55,6 +48,8 @@ class RankFrames(dict[str, pl.DataFrame]):
         return self._events is None
 
     def _complete(self) -> None:
+        from traceq.relations.link import link_frames
+
         if self._events is not None:
             events, self._events = self._events, None
             self.update(link_frames(events))
@@ -116,6 +111,9 @@ def load_rank(path: str | os.PathLike[str]) -> Trace:
 def light_frames(raw: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """ops, runtime, kernels, annotations and steps, linked as `link_frames` links them,
     with only the columns the job's map reads."""
+    # numpy comes with the links: imported for a cold load, not for a map served by the cache
+    from traceq.relations.link import link_kernels, link_runtime, nest_ops, step_of
+
     events = F.with_category_key(raw)
     ops = nest_ops(_frame(events, F.OP_CATS, OP_ARGS))
     runtime = _frame(events, F.RUNTIME_CATS, RUNTIME_ARGS, _kind(F.RUNTIME_CATS, "runtime"))

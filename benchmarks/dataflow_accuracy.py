@@ -16,7 +16,8 @@ For each `<name>.pt.trace.json.gz` + `<name>.et.json.gz` pair of the corpus
   findings the exact run also makes / inferred findings, recall = exact findings the
   inferred run also makes / exact findings.
 
-Prints one row per entry and the totals (micro-averaged: counts summed over the corpus).
+Prints one row per entry and the totals (micro-averaged: counts summed over the corpus),
+then one row per fusion rule (its findings' precision and recall over the corpus).
 """
 
 from __future__ import annotations
@@ -152,6 +153,39 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def rule_rows(rules: dict[str, dict[str, dict[str, int]]]) -> list[dict]:
+    """Per fusion rule over the corpus: findings on exact and on inferred data flow, those
+    both make, and precision / recall (micro-averaged like the totals)."""
+    rows = []
+    for rule in FUSION_RULES:
+        counts = {
+            k: sum(entry[rule][k] for entry in rules.values())
+            for k in ("exact", "inferred", "agree")
+        }
+        rows.append(
+            {
+                "rule": rule,
+                **counts,
+                "precision": Score.ratio(counts["agree"], counts["inferred"]),
+                "recall": Score.ratio(counts["agree"], counts["exact"]),
+            }
+        )
+    return rows
+
+
+def rule_markdown(rows: list[dict]) -> str:
+    lines = [
+        "| rule | findings on ET data flow | inferred | agree | precision | recall |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['rule']} | {r['exact']} | {r['inferred']} | {r['agree']} "
+            f"| {_pct(r['precision'])} | {_pct(r['recall'])} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("corpus", nargs="?", type=Path, default=DEFAULT_CORPUS)
@@ -173,10 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(result.row())
         rules[name] = by_rule
     rows.append(total.row())
+    per_rule = rule_rows(rules)
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "rules": rules}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"rows": rows, "rules": rules, "per_rule": per_rule}, indent=1) + "\n"
+        )
     if args.markdown:
         print(markdown(rows))
+        print()
+        print(rule_markdown(per_rule))
     else:
         for r in rows:
             print(
@@ -185,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"R {_pct(r['edge_recall'])} | findings {r['findings_inferred']:3} inferred, "
                 f"{r['findings_exact']:3} exact: P {_pct(r['finding_precision'])} "
                 f"R {_pct(r['finding_recall'])}"
+            )
+        for r in per_rule:
+            print(
+                f"{r['rule']:16} findings {r['inferred']:3} inferred, {r['exact']:3} exact, "
+                f"{r['agree']:3} agree: P {_pct(r['precision'])} R {_pct(r['recall'])}"
             )
     return 0
 

@@ -177,6 +177,10 @@ ITEMSIZE: dict[str, int] = {
 }
 
 
+#: Integer and boolean dtypes: tensors of indices, positions and masks, not activations.
+INTEGRAL = ("long int", "int", "short int", "signed char", "unsigned char", "bool")
+
+
 # -- expressions -------------------------------------------------------------------------
 
 
@@ -248,7 +252,9 @@ def _classified(ops: pl.DataFrame) -> pl.DataFrame:
     - `tensor_inputs`: how many inputs carry tensor data (`data_inputs`, 0-d wrapped
       scalars left out);
     - `itemsize`: bytes per element of the op's dtype; `traffic_bytes`: what the op reads
-      and writes if every tensor input and its output go through memory once.
+      and writes if every tensor input and its output go through memory once;
+    - `integral`: every tensor input is of an integer or boolean dtype (index, position
+      and mask arithmetic).
     """
     name = pl.col("name")
     base = base_name("name")
@@ -328,6 +334,7 @@ def _classified(ops: pl.DataFrame) -> pl.DataFrame:
         .alias("epilogue_act"),
         data.list.len().fill_null(0).cast(pl.Int64).alias("tensor_inputs"),
         itemsize(pl.col("dtype")).alias("itemsize"),
+        _integral(pl.col("input_types")).alias("integral"),
     ).with_columns(
         pl.when(gemm).then(shapes.list.get(pl.col("gemm_x"), null_on_oob=True)).alias("x_shape"),
         pl.when(gemm)
@@ -344,6 +351,15 @@ def _classified(ops: pl.DataFrame) -> pl.DataFrame:
             "traffic_bytes"
         ),
     )
+
+
+def _integral(types: pl.Expr) -> pl.Expr:
+    """True where every tensor dtype in `types` (profiler `Input type`s; scalars and
+    non-tensors left out) is integral, and there is one."""
+    tensors = types.list.eval(pl.element().filter(pl.element().is_in(list(ITEMSIZE))))
+    return (
+        (tensors.list.len() > 0) & tensors.list.eval(pl.element().is_in(list(INTEGRAL))).list.all()
+    ).fill_null(False)
 
 
 def input_bytes(ops: pl.DataFrame) -> pl.DataFrame:
@@ -477,12 +493,17 @@ def through_views(ops: pl.DataFrame, edges: pl.DataFrame, max_hops: int = 4) -> 
     """Data-flow edges with views bypassed: `GEMM -> view -> add` becomes `GEMM -> add`.
 
     Each edge keeps the consumer's `input_index` and `shape`; `via` lists the view ops it
-    passed through (empty for a direct edge) and `confidence` is the weakest along the way.
+    passed through (empty for a direct edge), `confidence` is the weakest along the way and
+    `evidence` what each hop was matched on, producer side first ("shape+order > shape+order",
+    "numel+same-module", "tensor-id"; null where the edges carry none).
     Edges into a view are dropped (they reappear as the view's bypassed edges).
     """
     views = ops.filter(pl.col("role") == "view").select("event")
     cols = ["producer", "consumer", "input_index", "shape", "confidence"]
-    current = edges.select(cols).with_columns(pl.lit([], dtype=pl.List(pl.Int64)).alias("via"))
+    evidence = pl.col("evidence") if "evidence" in edges.columns else pl.lit(None, dtype=pl.String)
+    current = edges.select(*cols, evidence.alias("evidence")).with_columns(
+        pl.lit([], dtype=pl.List(pl.Int64)).alias("via")
+    )
     into_view = current.join(views, left_on="consumer", right_on="event", how="semi")
     done = current.join(views, left_on="consumer", right_on="event", how="anti")
     feed = into_view.select(
@@ -490,6 +511,7 @@ def through_views(ops: pl.DataFrame, edges: pl.DataFrame, max_hops: int = 4) -> 
         pl.col("producer").alias("source"),
         pl.col("confidence").alias("source_confidence"),
         pl.col("via").alias("source_via"),
+        pl.col("evidence").alias("source_evidence"),
     )
     resolved = done
     for _ in range(max_hops):
@@ -503,6 +525,7 @@ def through_views(ops: pl.DataFrame, edges: pl.DataFrame, max_hops: int = 4) -> 
             "input_index",
             "shape",
             pl.min_horizontal("confidence", "source_confidence").alias("confidence"),
+            pl.concat_str("source_evidence", "evidence", separator=" > ").alias("evidence"),
             pl.concat_list("source_via", pl.col("producer").cast(pl.Int64), "via").alias("via"),
         )
         resolved = pl.concat([settled, stepped])

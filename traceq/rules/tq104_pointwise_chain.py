@@ -10,8 +10,14 @@ fusion rule reports are left to it, so no time is counted twice: the bias `add` 
 the activation of TQ102 (written-out GELUs included), the activation and multiply of a
 GLU (TQ103) and the optimizer's per-tensor updates (TQ206); so are the `add_`s of autograd's
 `AccumulateGrad`, one per parameter. An op that runs a memcpy (`x.to("cpu")`) is a
-transfer (TQ203's), never a member, and a chain of casts alone is no chain. What remains of
-a chain must still have `min_ops` ops.
+transfer (TQ203's), never a member, and a chain of casts alone is no chain. Nor is a chain
+of integer (and boolean) ops alone: that is index arithmetic (position ids, T5's
+relative-position buckets, masks), which depends on positions and lengths rather than on
+the activations (the fix is to compute it once per length, not to fuse it), and on its
+[q, k] grids every value has one shape and one dtype, so shape matching cannot tell which
+it read: in T5's buckets `abs(relative_position)` reads as reading the bucket sum built
+just before (`(rel > 0).long() * n + 0`), a chain the Execution Trace does not have.
+What remains of a chain must still have `min_ops` ops.
 """
 
 from __future__ import annotations
@@ -125,7 +131,7 @@ def pointwise_chains(
     )
     members = ops.filter(
         pointwise & pl.col("output_shape").is_not_null() & ~pl.col("event").is_in(claimed.implode())
-    ).select("event", "output_shape", "traffic_bytes", "itemsize", "role")
+    ).select("event", "output_shape", "traffic_bytes", "itemsize", "role", "integral")
     trusted = edges.filter(pl.col("confidence") >= min_confidence)
     shape_of = members.select("event", "output_shape")
     linked = (
@@ -147,11 +153,15 @@ def pointwise_chains(
             }
         )
     chains = components(pl.concat([links["producer"], links["consumer"]]), links)
-    computing = chains.join(members.select("event", "role"), on="event")
-    computing = computing.group_by("chain").agg((pl.col("role") != "cast").any().alias("_c"))
+    # casts alone (dtype conversions back and forth) are no computation to fuse, and
+    # integer arithmetic alone (indices, positions, masks) is no activation to fuse
+    computing = chains.join(members.select("event", "role", "integral"), on="event")
+    computing = computing.group_by("chain").agg(
+        ((pl.col("role") != "cast") & ~pl.col("integral")).any().alias("_c")
+    )
     chains = chains.join(computing.filter("_c").select("chain"), on="chain", how="semi").filter(
         pl.len().over("chain") >= min_ops
-    )  # casts alone (dtype conversions back and forth) are no computation to fuse
+    )
     inside = chains.select("event", "chain")
     internal = links.join(inside.rename({"event": "producer"}), on="producer").join(
         inside.rename({"event": "consumer"}), on=["consumer", "chain"]

@@ -1,11 +1,23 @@
 """TQ105 parallel-gemms: two or more GEMMs reading the same input with the same K.
 
 "The same input" is decided on data flow: the GEMMs' activation operands (`x` of
-`linear`/`mm`/`matmul`, `mat1` of `addmm`) come from the same producer op. When the input
-is a graph input (no producer in the trace), GEMMs count as reading it together if they
-run in the same step, thread and parent module on the same input shape, with at most
-`max_ops_between` ops between one and the next — q/k/v or gate/up projections of one
-block. Program order, not time: a loaded machine stretches time, not order.
+`linear`/`mm`/`matmul`, `mat1` of `addmm`) come from the same producer op, matched on its
+recorded output shape (`shape_matched`): an element-count match, or a producer whose
+shape was only inferred from program order (Inductor's argument-less kernels), is a guess
+at which buffer a GEMM read, and two GEMMs given one such guess are often fed by two
+different kernels (the q and the k/v projections of a compiled LLaMA). A GEMM whose input
+has only such an edge, or one weaker than `min_confidence`, has an unknown input and
+joins no group.
+
+When the input is a graph input (no edge into it at all, outside a compiled region),
+GEMMs count as reading it together if they run in the same step, thread and parent module
+on the same input shape — q/k/v or gate/up projections of one block.
+
+Either way the GEMMs of one group run close together: at most `max_ops_between` ops from
+one to the next. One GEMM over concatenated weights replaces them where the first runs;
+GEMMs of one input far apart (another layer's cross-attention, CLIP's text projection 300
+ops after the vision one) are other code. Program order, not time: a loaded machine
+stretches time, not order.
 """
 
 from __future__ import annotations
@@ -27,6 +39,22 @@ from traceq.rules.opclass import (
     shape_text,
 )
 
+GUESSED = r"(?:^|> )(?:numel|order)"
+"""Edge evidence (`through_views`' `evidence`, hop by hop) that matched no shape: an element
+count (a compiled graph's reinterpreted buffers) or program order alone."""
+
+
+def shape_matched(edges: pl.DataFrame, ops: pl.DataFrame) -> pl.Expr:
+    """True for edges whose producer has a recorded output shape and whose every hop was
+    matched on a shape (or a tensor id); edges without `evidence` (built by hand) count."""
+    recorded = ops.filter(pl.col("output_shape").is_not_null())["event"]
+    by_shape = (
+        ~pl.col("evidence").str.contains(GUESSED).fill_null(False)
+        if "evidence" in edges.columns
+        else pl.lit(True)
+    )
+    return by_shape & pl.col("producer").is_in(recorded.implode())
+
 
 def parallel_gemms(
     ops: pl.DataFrame,
@@ -42,6 +70,7 @@ def parallel_gemms(
     ordered = ops.with_columns(
         pl.col("ts_ns").rank("ordinal").over("pid", "tid").cast(pl.Int64).alias("_seq")
     )
+    compiled = pl.col("compiled") if "compiled" in ops.columns else pl.lit(False)
     gemms = ordered.filter(
         (pl.col("role") == "gemm") & pl.col("k").is_not_null() & pl.col("x_shape").is_not_null()
     ).select(
@@ -57,43 +86,41 @@ def parallel_gemms(
         "ts_ns",
         "_seq",
         "itemsize",
+        compiled.fill_null(False).alias("_compiled"),
         parent_module(),
         _call(ops),
     )
+    into_x = edges.join(gemms.select("event", "gemm_x"), left_on="consumer", right_on="event")
+    into_x = into_x.filter(pl.col("input_index") == pl.col("gemm_x"))
     fed = (
-        edges.filter(pl.col("confidence") >= min_confidence)
-        .join(gemms.select("event", "gemm_x"), left_on="consumer", right_on="event")
-        .filter(pl.col("input_index") == pl.col("gemm_x"))
+        into_x.filter((pl.col("confidence") >= min_confidence) & shape_matched(into_x, ops))
         .group_by("consumer")
         .agg(pl.col("producer").first().alias("source"), pl.col("confidence").min())
     )
+    read_something = into_x.select(pl.col("consumer").alias("event")).unique()
     gemms = gemms.join(fed, left_on="event", right_on="consumer", how="left")
-    key = ["x_shape", "k", "dtype"]
-    by_source = (
-        gemms.filter(pl.col("source").is_not_null())
-        .sort("ts_ns", "event")
-        .group_by(["source", "call", *key], maintain_order=True)
-        .agg(
-            pl.col("event").alias("gemms"),
-            pl.col("n").alias("ns"),
-            pl.col("itemsize").first(),
-            pl.col("confidence").min(),
-        )
+    graph_input = (
+        pl.col("source").is_null()
+        & ~pl.col("_compiled")
+        & ~pl.col("event").is_in(read_something["event"].implode())
     )
-    scope = ["step", "pid", "tid", "call", "parent_module", *key]
+    key = ["x_shape", "k", "dtype"]
+    by_source = _bursts(
+        gemms.filter(pl.col("source").is_not_null()),
+        ["source", "call", *key],
+        max_ops_between,
+    ).agg(
+        pl.col("event").alias("gemms"),
+        pl.col("n").alias("ns"),
+        pl.col("itemsize").first(),
+        pl.col("confidence").min(),
+    )
     by_place = (
-        gemms.filter(pl.col("source").is_null())
-        .sort("ts_ns", "event")
-        .with_columns(
-            (
-                (pl.col("_seq") - pl.col("_seq").shift(1) - 1).over(scope).fill_null(0)
-                > max_ops_between
-            )
-            .cum_sum()
-            .over(scope)
-            .alias("_burst")
+        _bursts(
+            gemms.filter(graph_input),
+            ["step", "pid", "tid", "call", "parent_module", *key],
+            max_ops_between,
         )
-        .group_by([*scope, "_burst"], maintain_order=True)
         .agg(
             pl.col("event").alias("gemms"),
             pl.col("n").alias("ns"),
@@ -113,6 +140,17 @@ def parallel_gemms(
         .filter(pl.col("n") >= min_gemms)
         .with_columns((numel(pl.col("x_shape")) * pl.col("itemsize")).alias("x_bytes"))
         .sort(pl.col("gemms").list.first())
+    )
+
+
+def _bursts(gemms: pl.DataFrame, scope: list[str], max_ops_between: int) -> pl.GroupBy:
+    """`gemms` grouped by `scope` and run: a new group starts where more than
+    `max_ops_between` ops (of any kind, on the thread) ran since the previous GEMM."""
+    gap = (pl.col("_seq") - pl.col("_seq").shift(1) - 1).over(scope).fill_null(0)
+    return (
+        gemms.sort("ts_ns", "event")
+        .with_columns((gap > max_ops_between).cum_sum().over(scope).alias("_burst"))
+        .group_by([*scope, "_burst"], maintain_order=True)
     )
 
 
@@ -158,8 +196,8 @@ def check(ctx: Context) -> Iterator[Finding]:
 
     ## Options
     - `min_gemms` (2): fewest GEMMs in a group.
-    - `max_ops_between` (16): for a graph input, the most ops (of any kind, on the thread)
-      between two GEMMs of one group.
+    - `max_ops_between` (16): the most ops (of any kind, on the thread) between two GEMMs of
+      one group.
     - `min_confidence` (0.4): weakest data-flow edge accepted.
     - `min_saving_us` (0): leave out findings that save less.
 

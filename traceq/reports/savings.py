@@ -10,6 +10,9 @@ What a finding saves from is a set of intervals on the trace's clock:
 - `evidence["saves_from"] == "gpu_idle"`: the GPU's idle time inside
   `evidence["window_ns"]` ([start, end]), when none of the device's kernels, copies or
   memsets run (on `evidence["device"]` when given, else on every device);
+- `evidence["saves_from"] == "gpu_idle+own"`: both, the idle time inside the window and
+  the time of its own kernels (or ops): TQ207 saves the GPU's wait through `zero_grad`
+  and the `add_` kernels backward then runs;
 - otherwise the time of its kernels, or of its ops when it names no kernels (on a GPU
   trace a finding saves GPU time; its ops' CPU time runs while the GPU does other work,
   or idles, which is the GPU-idle findings' to count).
@@ -93,15 +96,25 @@ class _Clock:
         """(order class, window width, intervals) of what `finding` saves from."""
         evidence = finding.evidence or {}
         window = evidence.get("window_ns")
-        if evidence.get("saves_from") == "gpu_idle" and window:
+        saves_from = evidence.get("saves_from")
+        own = self.own(finding)
+        if saves_from in ("gpu_idle", "gpu_idle+own") and window:
             start, end = int(window[0]), int(window[1])
-            return 1, end - start, self.idle(start, end, evidence.get("device"))
+            idle = self.idle(start, end, evidence.get("device"))
+            if saves_from == "gpu_idle+own" and own is not None:
+                idle = _merge(np.concatenate([idle[0], own[0]]), np.concatenate([idle[1], own[1]]))
+            return 1, end - start, idle
+        return 0, 0, own
+
+    def own(self, finding: Finding) -> Intervals | None:
+        """The time of a finding's kernels (of its ops when it names no kernels); None when
+        it names no known event."""
         ids = np.asarray(finding.kernels or finding.ops, dtype=np.int64)
         ids = ids[(ids >= 0) & (ids < len(self.known))]
         ids = ids[self.known[ids]]
         if ids.size == 0:
-            return 0, 0, None
-        return 0, 0, _merge(self.start[ids], self.end[ids])
+            return None
+        return _merge(self.start[ids], self.end[ids])
 
     def busy(self, device: object) -> Intervals:
         if device not in self._busy:

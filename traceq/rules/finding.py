@@ -34,7 +34,8 @@ class Finding:
     decoded kernel names under `decoded`, and any measured numbers the savings model used.
     A finding whose saving is GPU idle time in a window rather than the time of its own
     kernels (TQ201, TQ204 on GPU traces) says so with `saves_from: "gpu_idle"` and
-    `window_ns: [start, end]`, so a report's total counts each µs once
+    `window_ns: [start, end]` (`saves_from: "gpu_idle+own"`: that idle time and its own
+    kernels' time, TQ207), so a report's total counts each µs once
     (`traceq.reports.savings`).
     """
 

@@ -9,7 +9,8 @@ different kernels (the q and the k/v projections of a compiled LLaMA). A GEMM wh
 has only such an edge, or one weaker than `min_confidence`, has an unknown input and
 joins no group.
 
-When the input is a graph input (no edge into it at all, outside a compiled region),
+When the input is a graph input (no edge into it at all: the model's, or a compiled
+graph's, input),
 GEMMs count as reading it together if they run in the same step, thread and parent module
 on the same input shape — q/k/v or gate/up projections of one block.
 
@@ -70,7 +71,6 @@ def parallel_gemms(
     ordered = ops.with_columns(
         pl.col("ts_ns").rank("ordinal").over("pid", "tid").cast(pl.Int64).alias("_seq")
     )
-    compiled = pl.col("compiled") if "compiled" in ops.columns else pl.lit(False)
     gemms = ordered.filter(
         (pl.col("role") == "gemm") & pl.col("k").is_not_null() & pl.col("x_shape").is_not_null()
     ).select(
@@ -86,7 +86,6 @@ def parallel_gemms(
         "ts_ns",
         "_seq",
         "itemsize",
-        compiled.fill_null(False).alias("_compiled"),
         parent_module(),
         _call(ops),
     )
@@ -99,10 +98,8 @@ def parallel_gemms(
     )
     read_something = into_x.select(pl.col("consumer").alias("event")).unique()
     gemms = gemms.join(fed, left_on="event", right_on="consumer", how="left")
-    graph_input = (
-        pl.col("source").is_null()
-        & ~pl.col("_compiled")
-        & ~pl.col("event").is_in(read_something["event"].implode())
+    graph_input = pl.col("source").is_null() & ~pl.col("event").is_in(
+        read_something["event"].implode()
     )
     key = ["x_shape", "k", "dtype"]
     by_source = _bursts(

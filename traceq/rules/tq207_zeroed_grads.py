@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.common import US, gpu_busy_in, in_ranges, optimizer_ranges
+from traceq.rules.common import US, gpu_busy_in, in_ranges, optimizer_ranges, step_text
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import fusion_ops
 
@@ -31,7 +31,9 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
     Savings model: both go away with `set_to_none=True`. The zeroing costs the range's time
     the GPU spends waiting (range − GPU busy inside it; on a CPU-only trace, the range);
     the accumulation costs its `add_` ops' time (GPU time of their kernels; CPU time on a
-    CPU-only trace). The saving is the sum.
+    CPU-only trace). The saving is the sum; a report's total counts both parts (the GPU's
+    idle time in the range and the add kernels), each µs once. Each add belongs to the
+    last zero_grad before it in its step (in a trace without steps: its iteration's).
 
     ## Why is this bad?
     Zeroing launches one kernel per parameter tensor (hundreds per step, a few µs of
@@ -64,10 +66,15 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
         return
     gpu = ctx.device.kind == "gpu"
     busy = gpu_busy_in(ctx.trace.kernels, regions) if gpu else None
+    zeroed = zeroing.group_by("region").agg(
+        pl.col("event").sort_by("ts_ns").alias("zero_ops"),
+        (pl.col("name") != "aten::_foreach_zero_").sum().alias("per_tensor"),
+        pl.col("kernel_events").list.explode(keep_nulls=False, empty_as_null=False),
+    )
+    accumulating = gradient_accumulation(ctx).filter(pl.col("name") == "aten::add_")
     adds = (
-        gradient_accumulation(ctx)
-        .filter(pl.col("name") == "aten::add_")
-        .group_by("step")
+        zeroed_by(accumulating, regions.join(zeroed.select("region"), on="region"))
+        .group_by("region")
         .agg(
             pl.col("event").alias("add_ops"),
             pl.col("time_ns").sum().alias("add_ns"),
@@ -75,14 +82,8 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
         )
     )
     rows = (
-        zeroing.group_by("region")
-        .agg(
-            pl.col("event").sort_by("ts_ns").alias("zero_ops"),
-            (pl.col("name") != "aten::_foreach_zero_").sum().alias("per_tensor"),
-            pl.col("kernel_events").list.explode(keep_nulls=False, empty_as_null=False),
-        )
-        .join(regions, on="region")
-        .join(adds, on="step", how="left", nulls_equal=True, suffix="_adds")
+        zeroed.join(regions, on="region")
+        .join(adds, on="region", how="left", suffix="_adds")
         .sort("ts_ns")
     )
     if busy is not None:
@@ -99,7 +100,14 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
         if saving_us < ctx.options["min_us"]:
             continue
         n_zero, n_add = len(row["zero_ops"]), len(add_ops)
-        where = "step" if row["step"] is None else f"step {row['step']}"
+        where = step_text(row["step"])
+        # with `set_to_none` the GPU no longer waits through zero_grad, and the add kernels
+        # go: both are what the total may count (`traceq.reports.savings`)
+        saves_from = (
+            {"saves_from": "gpu_idle+own", "window_ns": [row["ts_ns"], row["end_ns"]]}
+            if gpu
+            else {}
+        )
         yield ctx.finding(
             message=(
                 f"{row['optimizer']}.zero_grad writes zeros into the gradients ({n_zero} ops, "
@@ -128,8 +136,38 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
                 "span_us": span / US,
                 "gpu_busy_us": gpu_busy / US,
                 "accumulate_us": add_ns / US,
+                **saves_from,
             },
         )
+
+
+def zeroed_by(adds: pl.DataFrame, regions: pl.DataFrame) -> pl.DataFrame:
+    """`adds` with the `region` (zero_grad range) whose zeros each one adds into: the last
+    one before it in its step, or, for adds before a step's first zero_grad (a loop that
+    zeroes after `optimizer.step()`), that first one. Adds run on autograd's threads, so
+    only time and step decide. A trace without steps is one long step: this keeps each
+    iteration's adds with its own zero_grad, not every add with every zero_grad."""
+    key = pl.col("step").fill_null(-1).alias("_step")
+    starts = regions.select("region", key, pl.col("ts_ns").alias("_start")).sort("_start")
+    probe = adds.with_columns(key).sort("ts_ns")
+    after = probe.join_asof(
+        starts,
+        left_on="ts_ns",
+        right_on="_start",
+        by="_step",
+        strategy="backward",
+        check_sortedness=False,  # both sorted on time above
+    )
+    before = probe.join_asof(
+        starts,
+        left_on="ts_ns",
+        right_on="_start",
+        by="_step",
+        strategy="forward",
+        check_sortedness=False,
+    )
+    region = pl.coalesce(after["region"], before["region"])
+    return after.with_columns(region.alias("region")).drop_nulls("region").drop("_step", "_start")
 
 
 def gradient_accumulation(ctx: Context) -> pl.DataFrame:

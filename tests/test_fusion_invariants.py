@@ -74,7 +74,8 @@ def test_the_corpus_has_findings_to_check() -> None:
     if not (CORPUS / "bert_ensemble.pt.trace.json.gz").is_file():
         pytest.skip("fixtures/corpus is not recorded")
     assert check_invariants(traceq.load(CORPUS / "bert_ensemble.pt.trace.json.gz")) >= 10
-    assert check_invariants(traceq.load(CORPUS / "gpt2_generate.pt.trace.json.gz")) >= 10
+    # 8: TQ102 and TQ105 per call (generate's integer token bookkeeping is no TQ104 chain)
+    assert check_invariants(traceq.load(CORPUS / "gpt2_generate.pt.trace.json.gz")) >= 8
 
 
 # -- class 3: transfers are not compute -----------------------------------------------------

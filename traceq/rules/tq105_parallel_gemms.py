@@ -1,13 +1,13 @@
 """TQ105 parallel-gemms: two or more GEMMs reading the same input with the same K.
 
 "The same input" is decided on data flow: the GEMMs' activation operands (`x` of
-`linear`/`mm`/`matmul`, `mat1` of `addmm`) come from the same producer op, matched on its
-recorded output shape (`shape_matched`): an element-count match, or a producer whose
-shape was only inferred from program order (Inductor's argument-less kernels), is a guess
-at which buffer a GEMM read, and two GEMMs given one such guess are often fed by two
-different kernels (the q and the k/v projections of a compiled LLaMA). A GEMM whose input
-has only such an edge, or one weaker than `min_confidence`, has an unknown input and
-joins no group.
+`linear`/`mm`/`matmul`, `mat1` of `addmm`) come from the same producer op, one with a
+recorded output shape; when matched on element count only (a compiled graph's views), with
+no op between it and the GEMM that records no shapes (`unbroken`): Inductor's C++ kernels
+record no arguments, so one of them may have written what the GEMM read, and two GEMMs
+matched past one are often fed by two different kernels (a compiled LLaMA's q, k/v and
+gate/up projections, each after its own kernel). A GEMM whose input has only such an
+edge, or one weaker than `min_confidence`, has an unknown input and joins no group.
 
 When the input is a graph input (no edge into it at all: the model's, or a compiled
 graph's, input),
@@ -40,21 +40,36 @@ from traceq.rules.opclass import (
     shape_text,
 )
 
-GUESSED = r"(?:^|> )(?:numel|order)"
-"""Edge evidence (`through_views`' `evidence`, hop by hop) that matched no shape: an element
-count (a compiled graph's reinterpreted buffers) or program order alone."""
 
-
-def shape_matched(edges: pl.DataFrame, ops: pl.DataFrame) -> pl.Expr:
-    """True for edges whose producer has a recorded output shape and whose every hop was
-    matched on a shape (or a tensor id); edges without `evidence` (built by hand) count."""
-    recorded = ops.filter(pl.col("output_shape").is_not_null())["event"]
-    by_shape = (
-        ~pl.col("evidence").str.contains(GUESSED).fill_null(False)
-        if "evidence" in edges.columns
-        else pl.lit(True)
+def unbroken(edges: pl.DataFrame, ordered: pl.DataFrame) -> pl.Expr:
+    """True for edges whose producer has a recorded output shape and, for an edge matched
+    on element count only (`evidence` "numel...": a compiled graph's reinterpreted
+    buffers), between which and whose consumer no op without one ran on the thread: such
+    an op (an Inductor C++ kernel records no arguments) may have written the buffer the
+    consumer read, so it breaks the edge rather than being bridged by it. Edges without
+    `evidence` (built by hand) count as shape-matched. `ordered` holds the ops with their
+    thread order `_seq`."""
+    shapeless = pl.col("output_shape").is_null()
+    blind = ordered.sort("_seq").select(
+        "event",
+        shapeless.alias("_blind"),
+        shapeless.cast(pl.Int64).cum_sum().over("pid", "tid").alias("_n"),
     )
-    return by_shape & pl.col("producer").is_in(recorded.implode())
+    producer = blind.select(pl.col("event").alias("producer"), "_blind", pl.col("_n").alias("_np"))
+    consumer = blind.select(pl.col("event").alias("consumer"), pl.col("_n").alias("_nc"))
+    loose = (
+        pl.col("evidence").str.starts_with("numel").fill_null(False)
+        if "evidence" in edges.columns
+        else pl.lit(False)
+    )
+    ok = (
+        edges.select("producer", "consumer", loose.alias("_loose"))
+        .join(producer, on="producer")
+        .join(consumer, on="consumer")
+        .filter(~pl.col("_blind") & (~pl.col("_loose") | (pl.col("_nc") == pl.col("_np"))))
+    )
+    key = pl.struct("producer", "consumer")
+    return key.is_in(ok.select(key.alias("k"))["k"].implode())
 
 
 def parallel_gemms(
@@ -92,7 +107,7 @@ def parallel_gemms(
     into_x = edges.join(gemms.select("event", "gemm_x"), left_on="consumer", right_on="event")
     into_x = into_x.filter(pl.col("input_index") == pl.col("gemm_x"))
     fed = (
-        into_x.filter((pl.col("confidence") >= min_confidence) & shape_matched(into_x, ops))
+        into_x.filter((pl.col("confidence") >= min_confidence) & unbroken(into_x, ordered))
         .group_by("consumer")
         .agg(pl.col("producer").first().alias("source"), pl.col("confidence").min())
     )

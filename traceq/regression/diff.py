@@ -394,7 +394,8 @@ def finding_identity(finding: Finding) -> str:
         subject = ";".join("x".join(map(str, _folded(s))) for s in finding.shapes)
     else:
         subject = ",".join(dict.fromkeys(evidence.get("op_names") or []))
-    return f"{finding.rule}|{module}|{subject}"
+    identity = f"{finding.rule}|{module}|{subject}"
+    return f"{identity}|{finding.variant}" if finding.variant else identity
 
 
 def _folded(shape: list[int]) -> list[int]:

@@ -71,10 +71,20 @@ class Finding:
 
     def key(self) -> str:
         """Stable identity across steps, layers and runs: rule, normalized module, op names
-        and shapes. Equal keys are "the same finding" for grouping, diffs and baselines."""
+        and shapes, and the `variant` of a rule that reports several kinds of finding on one
+        op (TQ203: "pageable HtoD" and "small HtoD" copies of one `aten::to` are two
+        problems with two fixes). Equal keys are "the same finding" for grouping, diffs and
+        baselines."""
         op_names = ",".join(dict.fromkeys(self.evidence.get("op_names") or []))
         shapes = ";".join("x".join(map(str, s)) for s in self.shapes)
-        return f"{self.rule}|{normalize_module(self.module) or ''}|{op_names}|{shapes}"
+        key = f"{self.rule}|{normalize_module(self.module) or ''}|{op_names}|{shapes}"
+        return f"{key}|{self.variant}" if self.variant else key
+
+    @property
+    def variant(self) -> str | None:
+        """Which of its kinds of finding a rule made (`evidence["variant"]`), if it has
+        several; part of every identity of the finding."""
+        return self.evidence.get("variant")
 
     @property
     def severity_rank(self) -> int:

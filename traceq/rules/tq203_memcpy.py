@@ -141,7 +141,7 @@ def _pageable(ctx: Context, row: dict) -> Finding:
             "Pin the host buffer (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy "
             "with non_blocking=True."
         ),
-        evidence=_evidence(row),
+        evidence=_evidence(row, "pageable"),
     )
 
 
@@ -174,7 +174,7 @@ def _small(ctx: Context, row: dict, bandwidth: tuple[float, str]) -> Finding | N
             "Gather the small tensors into one buffer and copy it once (or keep them on the "
             "device)."
         ),
-        evidence=_evidence(row),
+        evidence=_evidence(row, "small"),
     )
 
 
@@ -200,8 +200,12 @@ def _pinned_bandwidth(ctx: Context, copies: pl.DataFrame) -> dict[str, tuple[flo
     return {d: found.get(d, default) for d in ("HtoD", "DtoH")}
 
 
-def _evidence(row: dict) -> dict:
+def _evidence(row: dict, kind: str) -> dict:
+    """What both kinds of finding record; `variant` (kind and direction) keeps their
+    identities apart: a pageable and a small-copies finding on one op, or uploads and
+    downloads of one op, are different findings (`Finding.key`)."""
     return {
+        "variant": f"{kind} {row['direction']}",
         "copy_name": row["copy_name"],
         "copies": row["n"],
         "bytes": row["bytes"],

@@ -23,17 +23,17 @@ def zeroed_grads(ctx: Context) -> Iterator[Finding]:
     """## What it does
     Finds `Optimizer.zero_grad` ranges (recorded by `torch.optim`) that write zeros into the
     gradients (`zero_`, `fill_`, `_foreach_zero_`) instead of setting them to `None`, with
-    the `add_`s autograd's `AccumulateGrad` then runs in the same step to add each new
-    gradient into its zeroed one. Reports a range that zeroes at least `min_tensors`
-    gradients (a `_foreach_zero_` counts its list as one op: the adds are what remain) when
-    the estimated saving is at least `min_us`.
+    the `add_`s autograd's `AccumulateGrad` then runs to add each new gradient into its
+    zeroed one (those after the range in its step; without steps, until the next range).
+    Reports a range that zeroes at least `min_tensors` gradients (a `_foreach_zero_`
+    counts its list as one op: the adds are what remain) when the estimated saving is at
+    least `min_us`.
 
     Savings model: both go away with `set_to_none=True`. The zeroing costs the range's time
     the GPU spends waiting (range − GPU busy inside it; on a CPU-only trace, the range);
     the accumulation costs its `add_` ops' time (GPU time of their kernels; CPU time on a
     CPU-only trace). The saving is the sum; a report's total counts both parts (the GPU's
-    idle time in the range and the add kernels), each µs once. Each add belongs to the
-    last zero_grad before it in its step (in a trace without steps: its iteration's).
+    idle time in the range and the add kernels), each µs once.
 
     ## Why is this bad?
     Zeroing launches one kernel per parameter tensor (hundreds per step, a few µs of

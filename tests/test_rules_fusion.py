@@ -337,6 +337,45 @@ def test_gemms_on_a_graph_input_group_only_when_close_in_program_order() -> None
     assert wider["gemms"].to_list() == [[1, 2, 20]]
 
 
+def test_gemms_of_one_producer_group_only_when_close_in_program_order() -> None:
+    """Two projections of one value right after it, and a third GEMM of that value 17 ops
+    later (another layer, another tower): the group holds the first two."""
+
+    def linear(event: int) -> dict[str, Any]:
+        return op(event, "aten::linear", [[32, 64], [128, 64], []], [32, 128], data=[0])
+
+    rows = [op(1, "aten::neg", [[32, 64]], [32, 64]), linear(2), linear(3)]
+    rows += [op(4 + i, "aten::neg", [[32, 128]], [32, 128]) for i in range(17)]
+    rows += [linear(21)]
+    frame = ops_frame(rows)
+    edges = through_views(frame, edges_frame([(1, 2, 0), (1, 3, 0), (1, 21, 0)]))
+    assert parallel_gemms(frame, edges)["gemms"].to_list() == [[2, 3]]
+    wider = parallel_gemms(frame, edges, max_ops_between=17)
+    assert wider["gemms"].to_list() == [[2, 3, 21]]
+
+
+def test_gemms_matched_by_element_count_past_a_shapeless_kernel_have_no_producer() -> None:
+    """A compiled graph: a shape-less Inductor kernel (2) runs between the producer (1) and
+    two `mm`s matched to it by element count; the kernel may have written what they read.
+    Matched by element count with nothing in between, they are one group."""
+    rows = [
+        op(1, "aten::neg", [[32, 64]], [32, 64]),
+        op(2, "graph_0_cpp_fused_add_mean_mul_0", [], None),
+        op(3, "aten::mm", [[32, 64], [64, 128]], [32, 128]),
+        op(4, "aten::mm", [[32, 64], [64, 128]], [32, 128]),
+    ]
+    loose = edges_frame([(1, 3, 0), (1, 4, 0)]).with_columns(
+        pl.lit("numel+same-module").alias("evidence")
+    )
+    frame = ops_frame(rows)
+    assert parallel_gemms(frame, through_views(frame, loose)).height == 0
+    without = ops_frame([rows[0], *rows[2:]])
+    assert parallel_gemms(without, through_views(without, loose))["gemms"].to_list() == [[3, 4]]
+    # the same edges matched on shapes: the kernel does not break them
+    exact = edges_frame([(1, 3, 0), (1, 4, 0)])
+    assert parallel_gemms(frame, through_views(frame, exact))["gemms"].to_list() == [[3, 4]]
+
+
 # -- fixtures: where each rule must fire --------------------------------------------------
 
 

@@ -29,6 +29,7 @@ import polars as pl
 from traceq.rules.base import Context, rule
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import (
+    ITEMSIZE,
     details,
     fusion_edges,
     fusion_ops,
@@ -94,12 +95,153 @@ def one_kernel_links(ops: pl.DataFrame, edges: pl.DataFrame, links: pl.DataFrame
         .group_by("consumer")
         .agg(pl.col("_outside_ts").max())
     )
-    return (
+    # ... or when another chain op the consumer waits on reads an op that depends on the
+    # link's producer: in `x + gate * mlp(norm(x))` the add reads x and the mul, and the
+    # mul reads the MLP's output, computed from x (a DiT block's residual read back through
+    # its gate). "Depends" is reachability along the edges, not time: in RoPE's
+    # `q * cos + rotate_half(q) * sin` the rotated q runs later but reads q only.
+    into_sibling = (
+        edges.join(links, on=["producer", "consumer"], how="anti")
+        .select(pl.col("producer").alias("_outside"), pl.col("consumer").alias("_sibling"))
+        .join(_upstream(links), on="_sibling")
+        .join(links.select("producer", "consumer"), on="consumer")
+        .filter(pl.col("_sibling") != pl.col("producer"))
+        .join(start.rename({"event": "_outside", "ts_ns": "_o_ts"}), on="_outside")
+        .join(start.rename({"event": "producer", "ts_ns": "_p_ts"}), on="producer")
+        .filter(pl.col("_o_ts") > pl.col("_p_ts"))
+    )
+    reached = _reaches(edges, start, into_sibling.select("producer", "_outside", "_o_ts").unique())
+    sibling = (
+        into_sibling.join(reached, on=["producer", "_outside"], how="semi")
+        .group_by("producer", "consumer")
+        .agg(pl.col("_o_ts").max().alias("_sibling_ts"))
+    )
+    later = pl.max_horizontal("_outside_ts", "_sibling_ts")
+    kept = (
         links.join(start.rename({"event": "producer", "ts_ns": "_ts"}), on="producer")
         .join(outside, on="consumer", how="left")
-        .filter(pl.col("_outside_ts").is_null() | (pl.col("_outside_ts") < pl.col("_ts")))
+        .join(sibling, on=["producer", "consumer"], how="left")
+        .filter(later.is_null() | (later < pl.col("_ts")))
         .select("producer", "consumer", "input_index")
     )
+    cut = pl.concat([_across_calls(ops, kept), _zero_dim_reads(ops, kept)])
+    return kept.join(cut, on=["producer", "consumer"], how="anti")
+
+
+def _zero_dim_reads(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
+    """`producer`, `consumer` of links whose consumer reads a 0-d tensor (not a Python
+    scalar: `Input type` "float", shape []) while an op returning one ran between the two.
+    Data flow matches no 0-d values, so that op is the read the rule cannot see, and like
+    any later outside input it may depend on the producer: DDIM's
+    `(sample - beta_t ** 0.5 * eps) / alpha_t ** 0.5` reads `alpha_t ** 0.5` computed
+    after the subtraction (the ET: a `pow` between each pair)."""
+    if not {"shapes", "input_types", "output_shape"} <= set(ops.columns):
+        return links.select("producer", "consumer").clear()
+    index = pl.int_ranges(0, pl.col("shapes").list.len()).alias("_i")
+    zero_dim = (
+        ops.select("event", "shapes", "input_types", index)
+        .explode("_i")
+        .filter(
+            (pl.col("shapes").list.get(pl.col("_i"), null_on_oob=True).list.len() == 0)
+            & pl.col("input_types").list.get(pl.col("_i"), null_on_oob=True).is_in(list(ITEMSIZE))
+        )
+        .select(pl.col("event").alias("consumer"))
+        .unique()
+    )
+    writers = ops.filter(pl.col("output_shape").list.len() == 0).select(
+        "pid", "tid", pl.col("ts_ns").alias("_w_ts")
+    )
+    where = ops.select("event", "pid", "tid", "ts_ns")
+    spans = (
+        links.join(zero_dim, on="consumer", how="semi")
+        .join(where.rename({"event": "producer", "ts_ns": "_p_ts"}), on="producer")
+        .join(
+            where.rename({"event": "consumer", "ts_ns": "_c_ts"}).drop("pid", "tid"), on="consumer"
+        )
+    )
+    if spans.height == 0 or writers.height == 0:
+        return links.select("producer", "consumer").clear()
+    return (
+        spans.join(writers, on=["pid", "tid"])
+        .filter((pl.col("_w_ts") > pl.col("_p_ts")) & (pl.col("_w_ts") < pl.col("_c_ts")))
+        .select("producer", "consumer")
+        .unique()
+    )
+
+
+def _across_calls(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
+    """`producer`, `consumer` of links with a whole forward call (outermost module call,
+    fusion_ops' `call`) run between them: a diffusion loop's scheduler step reads the
+    latents the previous step wrote, and the denoiser's call on them runs in between (its
+    input reaches it through a `cat`, which data flow does not follow). No kernel spans a
+    model call."""
+    if "call" not in ops.columns:
+        return links.select("producer", "consumer").clear()
+    calls = (
+        ops.drop_nulls("call")
+        .group_by("call", "pid", "tid")
+        .agg(pl.col("ts_ns").min().alias("_c_start"), pl.col("ts_ns").max().alias("_c_end"))
+    )
+    where = ops.select("event", "pid", "tid", "ts_ns")
+    spans = links.join(where.rename({"event": "producer", "ts_ns": "_p_ts"}), on="producer").join(
+        where.rename({"event": "consumer", "ts_ns": "_c_ts"}).drop("pid", "tid"), on="consumer"
+    )
+    if calls.height == 0 or spans.height == 0:
+        return links.select("producer", "consumer").clear()
+    return (
+        spans.join(calls, on=["pid", "tid"])
+        .filter((pl.col("_c_start") > pl.col("_p_ts")) & (pl.col("_c_end") < pl.col("_c_ts")))
+        .select("producer", "consumer")
+        .unique()
+    )
+
+
+def _upstream(links: pl.DataFrame, max_hops: int = 64) -> pl.DataFrame:
+    """`_sibling`, `consumer`: every op each link consumer waits on through links (its
+    producers, theirs, ...)."""
+    direct = links.select(pl.col("producer").alias("_sibling"), "consumer").unique()
+    found = direct
+    for _ in range(max_hops):
+        further = (
+            found.join(direct.rename({"_sibling": "_up", "consumer": "_sibling"}), on="_sibling")
+            .select(pl.col("_up").alias("_sibling"), "consumer")
+            .join(found, on=["_sibling", "consumer"], how="anti")
+            .unique()
+        )
+        if further.height == 0:
+            break
+        found = pl.concat([found, further])
+    return found
+
+
+def _reaches(
+    edges: pl.DataFrame, start: pl.DataFrame, pairs: pl.DataFrame, max_hops: int = 256
+) -> pl.DataFrame:
+    """The (`producer`, `_outside`) rows of `pairs` where `_outside` depends on `producer`
+    along `edges`: a walk forward from each producer, never past `_o_ts` (an op that
+    started later cannot lead to `_outside`)."""
+    forward = edges.select(pl.col("producer").alias("_at"), pl.col("consumer").alias("_next"))
+    forward = forward.unique().join(start.rename({"event": "_next", "ts_ns": "_n_ts"}), on="_next")
+    frontier = pairs.with_columns(pl.col("producer").alias("_at"))
+    seen = frontier.select("producer", "_outside", "_at")
+    found = []
+    for _ in range(max_hops):
+        step = (
+            frontier.join(forward, on="_at")
+            .filter(pl.col("_n_ts") <= pl.col("_o_ts"))
+            .select("producer", "_outside", "_o_ts", pl.col("_next").alias("_at"))
+            .unique()
+            .join(seen, on=["producer", "_outside", "_at"], how="anti")
+        )
+        hit = step.filter(pl.col("_at") == pl.col("_outside")).select("producer", "_outside")
+        found.append(hit)
+        frontier = step.join(
+            hit.select("producer", "_outside"), on=["producer", "_outside"], how="anti"
+        )
+        if frontier.height == 0:
+            break
+        seen = pl.concat([seen, frontier.select("producer", "_outside", "_at")])
+    return pl.concat(found).unique() if found else pairs.select("producer", "_outside").clear()
 
 
 def pointwise_chains(

@@ -302,6 +302,75 @@ def test_a_chain_is_cut_where_it_waits_on_a_later_op_from_outside() -> None:
     assert chains.select("unfused_bytes", "fused_bytes").row(0) == (7 * nbytes, 3 * nbytes)
 
 
+def _chains(frame: pl.DataFrame, links: list[tuple[int, int, int]]) -> list[list[int]]:
+    edges = through_views(frame, edges_frame(links))
+    return pointwise_chains(frame, edges, pl.Series([], dtype=pl.Int64), min_ops=3)["ops"].to_list()
+
+
+def test_a_residual_read_back_through_a_chain_op_that_waits_on_it_is_cut() -> None:
+    """`x + gate * mlp(x)`: the add (4) reads x (1) and the mul (3), and the mul reads the
+    GEMM (2) computed from x. The GEMM is the mul's input, not the add's, so only a walk
+    along the edges shows that no kernel can hold both x and the add."""
+    s = [32, 64]
+    frame = ops_frame(
+        [
+            op(0, "aten::neg", [s], s),
+            op(1, "aten::exp", [s], s),
+            op(2, "aten::mm", [s, [64, 64]], s),
+            op(3, "aten::mul", [s, s], s),
+            op(4, "aten::add", [s, s], s),
+        ]
+    )
+    links = [(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, 4, 1), (1, 4, 0)]
+    assert _chains(frame, links) == []
+    # the mul's input independent of x (a projection of another value): one chain
+    independent = [(0, 1, 0), (2, 3, 0), (3, 4, 1), (1, 4, 0)]
+    assert _chains(frame, independent) == [[0, 1, 3, 4]]
+
+
+def test_a_zero_dim_tensor_written_between_two_links_cuts_them() -> None:
+    """`(x - b) / a` with `a = alpha ** 0.5` a 0-d tensor computed after the subtraction:
+    data flow matches no 0-d value, so the `pow` in between is the read it cannot see."""
+    s = [2, 4, 8]
+    frame = ops_frame(
+        [
+            op(1, "aten::neg", [s], s),
+            op(2, "aten::sub", [s, [], []], s, data=[0]),
+            op(3, "aten::pow", [[], []], [], data=[]),
+            op(4, "aten::div", [s, []], s, data=[0]) | {"input_types": ["float", "float"]},
+            op(5, "aten::exp", [s], s),
+        ]
+    )
+    assert _chains(frame, [(1, 2, 0), (2, 4, 0), (4, 5, 0)]) == []  # two pairs
+    scalar = frame.with_columns(
+        pl.when(pl.col("event") == 4)
+        .then(pl.lit(["float", "Scalar"]))
+        .otherwise(pl.col("input_types"))
+        .alias("input_types")
+    )
+    assert _chains(scalar, [(1, 2, 0), (2, 4, 0), (4, 5, 0)]) == [[1, 2, 4, 5]]
+
+
+def test_no_chain_spans_a_forward_call() -> None:
+    """A scheduler step's result (2) read by the next step (3) with the model's call (10)
+    run in between: no kernel spans a model call."""
+    s = [2, 4, 8]
+    rows = [
+        op(1, "aten::neg", [s], s),
+        op(2, "aten::exp", [s], s),
+        op(10, "aten::relu", [s], s),
+        op(11, "aten::relu", [s], s),
+        op(12, "aten::mul", [s, s], s),
+        op(13, "aten::neg", [s], s),
+    ]
+    frame = ops_frame(rows).with_columns(
+        pl.when(pl.col("event").is_in([10, 11])).then(10).alias("call")
+    )
+    links = [(1, 2, 0), (2, 12, 0), (12, 13, 0)]
+    assert _chains(frame, links) == []
+    assert _chains(frame.drop("call"), links) == [[1, 2, 12, 13]]
+
+
 def test_a_compiled_activation_kernel_after_an_extern_gemm_is_opt_in() -> None:
     s = [32, 128]
     frame = ops_frame(

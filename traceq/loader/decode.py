@@ -23,7 +23,7 @@ import msgspec
 import polars as pl
 
 from traceq.errors import TraceFileError, TraceFormatError, TraceSchemaError
-from traceq.loader.split import EventSlices
+from traceq.loader.split import EventSlices, compact
 
 # Keys of the Trace Event Format (Chrome's spec); values stay text unless numeric by spec.
 EVENT_SCHEMA: dict[str, pl.DataType] = {
@@ -50,8 +50,6 @@ BATCH = 100_000
 # Below 2**43 us a float64 keeps 3 exact decimals; above it, re-read the text.
 EXACT_FLOAT_LIMIT_US = float(2**43)
 TIMED_PHASES = ("X", "B", "E", "i", "I", "C", "s", "t", "f", "b", "e", "n", "O", "N", "D")
-# NUL cannot occur in valid JSON, so it separates events; newlines inside events go.
-_TO_NDJSON = bytes.maketrans(b"\n\r\x00", b"  \n")
 # What Polars writes when a string field held another JSON type: check those rows strictly.
 _SUSPECT_TEXT = (
     r'^(?:-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|\{\s*(?:".*|\})'
@@ -145,7 +143,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
         raise TraceFormatError(_nesting_problem(buf)) from None
     if isinstance(top, list):  # the format's "JSON Array" form: just the events
         metadata: dict[str, Any] = {}
-        slices = top
+        slices = _EVENT_SLICES.decode(compact(buf))
     else:
         if "traceEvents" not in top:
             keys = ", ".join(_printable(key) for key in sorted(top)[:8]) or "none"
@@ -155,7 +153,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
         metadata = {k: msgspec.json.decode(v) for k, v in top.items() if k != "traceEvents"}
         events_json = top["traceEvents"]
         try:
-            slices = _EVENT_SLICES.decode(events_json)
+            slices = _EVENT_SLICES.decode(compact(events_json))
         except msgspec.ValidationError:
             raise TraceSchemaError(
                 f"not a trace: 'traceEvents' is {_json_type(events_json)}, not an array"
@@ -283,14 +281,14 @@ def without_null_storage(frame: pl.DataFrame) -> pl.DataFrame:
 def _parse_batch(batch: list[msgspec.Raw], start: int) -> pl.DataFrame:
     """Polars parses the fields; `args` is the event's own JSON text (Polars would re-serialize
     it lossily: unescaped keys and backslashes, 1.0 written as 1)."""
-    ndjson = b"\x00".join(batch).translate(_TO_NDJSON)  # both parsers read this one copy
+    ndjson = b"\n".join(batch)  # compacted events hold no newline; both parsers read this copy
     try:
         # Polars returns 100s of chunks; later filters run 3x faster on one.
         frame = pl.read_ndjson(io.BytesIO(ndjson), schema=EVENT_SCHEMA).rechunk()
         fields = _FIELDS.decode_lines(ndjson)
     except (pl.exceptions.PolarsError, msgspec.DecodeError) as exc:
         raise _explain(batch, start, exc) from None
-    args = b"\x00".join([f.args for f in fields]).translate(_TO_NDJSON)
+    args = b"\n".join([f.args for f in fields])
     frame = frame.with_row_index("event", offset=start).with_columns(
         _args_column(args, start, len(batch))
     )

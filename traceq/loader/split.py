@@ -38,6 +38,8 @@ def compact(json: bytes | bytearray | memoryview) -> bytes:
     quarter smaller, and each later pass (Polars, msgspec, the `args` column) reads less.
     It parses as strictly as msgspec's decoder and fails with the same messages."""
     return msgspec.json.format(json, indent=-1)
+
+
 MAX_TRIES = 4  # candidate cuts tried per piece before reading on (a `},` inside a string)
 MAX_PROBES = 4096  # `}` looked at per piece, from its end
 

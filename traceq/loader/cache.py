@@ -74,7 +74,7 @@ from traceq.errors import TraceFileError
 from traceq.loader.decode import without_null_storage
 
 # Bump when a frame's columns or meaning change; the source digest below is the safety net.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FORMAT = "traceq-cache-1"
 DEFAULT_MAX_BYTES = 4 << 30
 SUFFIX = ".traceq.zip"

@@ -46,6 +46,10 @@ EVENT_SCHEMA: dict[str, pl.DataType] = {
     "sf": pl.String(),
     "stack": pl.String(),
 }  # `args` is added as its exact JSON text
+# Few distinct values, one per row: as Categorical each costs 4 bytes a row instead of a
+# 16-byte string view (2.16M events: 52 MB for the six instead of 200 MB). `name` stays
+# text: rules, reports and SQL match it as a string everywhere.
+CATEGORICAL = ("ph", "cat", "pid", "tid", "bp", "s")
 BATCH = 100_000
 # Below 2**43 us a float64 keeps 3 exact decimals; above it, re-read the text.
 EXACT_FLOAT_LIMIT_US = float(2**43)
@@ -254,7 +258,7 @@ def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """The batches' frames as one (each batch is one chunk: later filters run 3x faster on
     few chunks than on Polars' hundreds), or the empty frame with every column."""
     if not frames:
-        empty = pl.DataFrame(schema={**EVENT_SCHEMA, "args": pl.String()})
+        empty = _categorized(pl.DataFrame(schema={**EVENT_SCHEMA, "args": pl.String()}))
         return (
             empty.with_row_index("event")
             .with_columns(
@@ -292,7 +296,11 @@ def _parse_batch(batch: list[msgspec.Raw], start: int) -> pl.DataFrame:
     frame = frame.with_row_index("event", offset=start).with_columns(
         _args_column(args, start, len(batch))
     )
-    return without_null_storage(_with_exact_times(frame, fields, ndjson))
+    return _categorized(without_null_storage(_with_exact_times(frame, fields, ndjson)))
+
+
+def _categorized(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.with_columns(pl.col(CATEGORICAL).cast(pl.Categorical))
 
 
 def _args_column(text: bytes, start: int, n: int) -> pl.Series:
@@ -405,7 +413,12 @@ def _require_valid(events: pl.DataFrame) -> None:
         "has 'args' that is not an object",
     )
     for key in ("name", "cat", "ph"):
-        _require(events, pl.col(key).str.contains(_CONTROL), f"has a control character in '{key}'")
+        _require(events, _text(key).str.contains(_CONTROL), f"has a control character in '{key}'")
+
+
+def _text(column: str) -> pl.Expr:
+    """A column as text, whether stored as a string or as Categorical."""
+    return pl.col(column).cast(pl.String)
 
 
 def _check_suspects(events: pl.DataFrame, slices: list[msgspec.Raw], start: int) -> None:
@@ -413,8 +426,8 @@ def _check_suspects(events: pl.DataFrame, slices: list[msgspec.Raw], start: int)
     (Polars writes a number or an object given for a string field as its text)."""
     suspects = events.filter(
         pl.any_horizontal(
-            *(pl.col(f).str.contains(_SUSPECT_TEXT) for f in ("name", "cat", "ph")),
-            *(pl.col(f).str.contains(_SUSPECT_ID) for f in ("pid", "tid")),
+            *(_text(f).str.contains(_SUSPECT_TEXT) for f in ("name", "cat", "ph")),
+            *(_text(f).str.contains(_SUSPECT_ID) for f in ("pid", "tid")),
         )
     )["event"]
     for event in suspects.to_list():

@@ -117,7 +117,7 @@ def _cut(buf: bytes) -> tuple[list[msgspec.Raw], bytes]:
         after = buf[close + 1 : close + 65].lstrip()
         if after[:1] != b",":
             continue
-        probe = b"[" + buf[: close + 1] + b"]"
+        probe = b"".join((b"[", memoryview(buf)[: close + 1], b"]"))  # one copy, not three
         try:
             slices = _LIST.decode(compact(probe))
         except msgspec.DecodeError as exc:

@@ -52,12 +52,23 @@ _STR_LIST_TEXT = rf"^\[(?:{_STR}(?:,{_STR})*|\s*)\]$"
 
 
 def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
-    """Text of the chosen `args` keys, one column each (renamed), row-aligned with `args`."""
+    """Text of the chosen `args` keys, one column each (renamed), row-aligned with `args`.
+
+    Only the keys that occur in the text are parsed; the others are null in every row and
+    stored as one broadcast null. A frame asks for up to 16 keys and most are absent (the
+    ops of a trace without shapes: 7 of 10), and each parsed String column costs 16 bytes a
+    row even when null (+63 MB of peak on the ops of 2.16M events). A key written with a
+    JSON escape would not be found as text, so with any backslash every key is parsed.
+    """
     schema = {key: pl.String() for key in fields}
     if args.len() == 0:
         return pl.DataFrame(schema=schema).rename(fields)
     text = args.fill_null("{}").str.join("\n").cast(pl.Binary).item()  # no str round trip
-    return pl.read_ndjson(text, schema=schema).rename(fields)
+    escaped = b"\\" in text
+    present = {k: t for k, t in schema.items() if escaped or b'"%s"' % k.encode() in text}
+    parsed = pl.read_ndjson(text, schema=present) if present else args.to_frame()  # its height
+    absent = [pl.lit(None, pl.String).alias(k) for k in schema if k not in present]
+    return parsed.with_columns(absent).select(list(schema)).rename(fields)
 
 
 def as_int(column: str) -> pl.Expr:
@@ -362,14 +373,14 @@ def flow_points(events: pl.DataFrame) -> pl.DataFrame:
     rows = events.filter(pl.col("ph").is_in(FLOW_PHASES))
     return rows.select(
         "event",
-        _text("ph"),
-        _text("cat"),
+        "ph",
+        "cat",
         "name",
         pl.col("id").alias("flow_id"),
         as_int("pid").alias("pid"),
         as_int("tid").alias("tid"),
         "ts_ns",
-        _text("bp"),
+        "bp",
     )
 
 
@@ -418,12 +429,12 @@ def instants(events: pl.DataFrame) -> pl.DataFrame:
     rows = events.filter(pl.col("ph").is_in(INSTANT_PHASES))
     return rows.select(
         "event",
-        _text("cat"),
+        "cat",
         "name",
         as_int("pid").alias("pid"),
         as_int("tid").alias("tid"),
         "ts_ns",
-        _text("s").alias("scope"),
+        pl.col("s").alias("scope"),
     )
 
 
@@ -436,8 +447,8 @@ def threads(events: pl.DataFrame) -> pl.DataFrame:
         pl.col("name").alias("kind"),
         as_int("pid").alias("pid"),
         as_int("tid").alias("tid"),
-        _text("pid").alias("pid_text"),
-        _text("tid").alias("tid_text"),
+        pl.col("pid").alias("pid_text"),
+        pl.col("tid").alias("tid_text"),
         pl.coalesce("_name", "_labels", "_sort").alias("value"),
     )
 
@@ -462,17 +473,5 @@ def modeled() -> pl.Expr:
 def other(events: pl.DataFrame) -> pl.DataFrame:
     """Events no frame models (e.g. `Trace` spans, CUPTI ranges, unknown categories)."""
     return events.filter(~modeled()).select(
-        "event",
-        *(_text(c) for c in ("ph", "cat")),
-        "name",
-        _text("pid"),
-        _text("tid"),
-        "ts_ns",
-        "dur_ns",
+        "event", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"
     )
-
-
-def _text(column: str) -> pl.Expr:
-    """An events column as text: the typed frames keep `ph`, `cat`, `pid`, ... as strings
-    (the events frame stores them as Categorical, see `decode.CATEGORICAL`)."""
-    return pl.col(column).cast(pl.String)

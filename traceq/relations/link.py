@@ -89,10 +89,9 @@ def link_kernels(kernels: pl.DataFrame, runtime: pl.DataFrame, ops: pl.DataFrame
 
     Launch by correlation id; the op from the launch, else by `External id`.
     """
+    # Columns chosen before `unique`, which would otherwise copy every column of the frame.
     launches = (
-        runtime.filter(pl.col("correlation").is_not_null())
-        .unique("correlation", keep="first")
-        .select(
+        runtime.select(
             "correlation",
             pl.col("event").alias("runtime_event"),
             pl.col("ts_ns").alias("launch_ts_ns"),
@@ -100,11 +99,13 @@ def link_kernels(kernels: pl.DataFrame, runtime: pl.DataFrame, ops: pl.DataFrame
             pl.col("tid").alias("launch_tid"),
             pl.col("op_event").alias("_launch_op"),
         )
+        .filter(pl.col("correlation").is_not_null())
+        .unique("correlation", keep="first")
     )
     by_external = (
-        ops.filter(pl.col("external_id").is_not_null())
+        ops.select("external_id", pl.col("event").alias("_external_op"))
+        .filter(pl.col("external_id").is_not_null())
         .unique("external_id", keep="first")
-        .select("external_id", pl.col("event").alias("_external_op"))
     )
     return (
         kernels.join(launches, on="correlation", how="left", maintain_order="left")

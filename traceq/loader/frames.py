@@ -51,24 +51,50 @@ _STR = r'\s*"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"\s*'
 _STR_LIST_TEXT = rf"^\[(?:{_STR}(?:,{_STR})*|\s*)\]$"
 
 
+ARGS_ROWS = 100_000  # rows of `args` text parsed at a time
+
+
 def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
     """Text of the chosen `args` keys, one column each (renamed), row-aligned with `args`.
 
-    Only the keys that occur in the text are parsed; the others are null in every row and
-    stored as one broadcast null. A frame asks for up to 16 keys and most are absent (the
-    ops of a trace without shapes: 7 of 10), and each parsed String column costs 16 bytes a
-    row even when null (+63 MB of peak on the ops of 2.16M events). A key written with a
-    JSON escape would not be found as text, so with any backslash every key is parsed.
+    A frame asks for up to 16 keys and most are absent (the ops of a trace without shapes:
+    7 of 10), while a parsed String column costs 16 bytes a row even when null. So the text
+    is joined and parsed `ARGS_ROWS` rows at a time (joined whole, the kernels' `args` of
+    2.16M events were two copies of 67 MB held at once), a key is parsed only where its
+    quoted name occurs in the text (any backslash: every key, as a key may be escaped), and
+    a key null in every row is stored as one broadcast null: 90 MB less peak on that trace.
     """
     schema = {key: pl.String() for key in fields}
     if args.len() == 0:
         return pl.DataFrame(schema=schema).rename(fields)
+    parts, present = [], set()
+    for at in range(0, args.len(), ARGS_ROWS):
+        part = _parse_args(args.slice(at, ARGS_ROWS), schema)
+        empty = {key for key in schema if part[key].null_count() == part.height}
+        present |= set(schema) - empty
+        parts.append(part.with_columns(pl.lit(None, pl.String).alias(key) for key in empty))
+    if present:
+        parsed = pl.concat([part.select(k for k in schema if k in present) for part in parts])
+        parsed = parsed.rechunk()
+    else:
+        parsed = args.to_frame()  # for its height
+    absent = [pl.lit(None, pl.String).alias(key) for key in schema if key not in present]
+    return parsed.with_columns(absent).select(list(schema)).rename(fields)
+
+
+def _parse_args(args: pl.Series, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """The keys of `schema` in `args`; those whose name is nowhere in the text are null
+    without being parsed."""
     text = args.fill_null("{}").str.join("\n").cast(pl.Binary).item()  # no str round trip
     escaped = b"\\" in text
-    present = {k: t for k, t in schema.items() if escaped or b'"%s"' % k.encode() in text}
-    parsed = pl.read_ndjson(text, schema=present) if present else args.to_frame()  # its height
-    absent = [pl.lit(None, pl.String).alias(k) for k in schema if k not in present]
-    return parsed.with_columns(absent).select(list(schema)).rename(fields)
+    found = {key: dtype for key, dtype in schema.items() if escaped or _quoted(key) in text}
+    parsed = pl.read_ndjson(text, schema=found) if found else args.to_frame()
+    missing = (pl.lit(None, pl.String).alias(key) for key in schema if key not in found)
+    return parsed.with_columns(missing).select(list(schema))
+
+
+def _quoted(key: str) -> bytes:
+    return b'"' + key.encode() + b'"'
 
 
 def as_int(column: str) -> pl.Expr:

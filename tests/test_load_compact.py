@@ -1,0 +1,144 @@
+"""The loader's memory savers keep every value: events compacted at the cut (exact `args`
+text, minus the whitespace between tokens), Categorical text columns, `args` keys parsed a
+slice at a time and only where they occur, the slower integer readings only where needed,
+and flows in the same order as one three-key sort.
+
+References are independent: the stdlib `json` for values, a whole-text `pl.read_ndjson`
+for `args_frame`, a plain-Python reading for `as_int`, Polars' own multi-key sort.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+import traceq
+from traceq.loader import frames as F
+from traceq.loader.decode import CATEGORICAL, decode, decode_stream
+
+ARGS = (
+    '{"a" : 1.0 ,\n "b\\u00e9": "x\\n\\"}\\u00e9",  "c": 1e300, "d": -0.0,'
+    ' "e": [ 1, {"f" : null} ], "big": 123456789012345678901234567890}'
+)
+WHITESPACE_OUTSIDE_STRINGS = re.compile(r'("(?:[^"\\]|\\.)*")|\s+')
+
+
+def without_whitespace(text: str) -> str:
+    return WHITESPACE_OUTSIDE_STRINGS.sub(lambda m: m[1] or "", text)
+
+
+def document(args_text: str, indent: str = "\n   ") -> bytes:
+    event = (
+        f'{{{indent}"ph": "X",{indent}"cat": "cpu_op",{indent}"name": "aten::mm",'
+        f'{indent}"pid": 7,{indent}"tid": 8,{indent}"ts": 1.5,{indent}"dur": 2,'
+        f'{indent}"args": {args_text}\n  }}'
+    )
+    return ('{"traceEvents": [\n  ' + ",\n  ".join([event] * 3) + "\n]}").encode()
+
+
+def test_args_keep_their_exact_text_without_the_whitespace_between_tokens() -> None:
+    data = document(ARGS)
+    for decoded in (decode(data), decode_stream([data[i : i + 7] for i in range(0, 999, 7)])):
+        args = decoded.events["args"].to_list()
+        assert args == [without_whitespace(ARGS)] * 3
+        assert [json.loads(a) for a in args] == [json.loads(ARGS)] * 3
+        assert "1.0" in args[0] and "1e300" in args[0] and "\\u00e9" in args[0]
+
+
+def test_text_columns_with_few_values_are_categorical_everywhere() -> None:
+    trace = traceq.load(io.BytesIO(document(ARGS)), cache=False)
+    for column in CATEGORICAL:
+        assert trace.events.schema[column] == pl.Categorical, column
+    assert trace.events.schema["name"] == pl.String and trace.events.schema["args"] == pl.String
+    assert trace.events["ph"].to_list() == ["X"] * 3
+    assert trace.ops["pid"].to_list() == [7] * 3 and trace.ops["tid"].to_list() == [8] * 3
+    found = trace.sql("SELECT count(*) AS n FROM events WHERE cat = 'cpu_op' AND ph = 'X'")
+    assert found["n"].item() == 3
+
+
+keys = st.sampled_from(["a", "b c", "External id", "stream", 'q"', "é"])
+values = st.none() | st.integers(-5, 5) | st.text(max_size=4) | st.lists(st.integers(), max_size=2)
+args_texts = st.none() | st.dictionaries(keys, values, max_size=4).map(
+    lambda d: json.dumps(d, ensure_ascii=False)
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(args_texts, max_size=20), st.integers(1, 8))
+def test_args_frame_equals_one_parse_of_the_whole_text(texts: list, rows: int) -> None:
+    fields = {"a": "_a", "b c": "bc", "External id": "ext", "missing": "_m", 'q"': "q", "é": "e"}
+    args = pl.Series("args", texts, dtype=pl.String)
+    whole = args.fill_null("{}").str.join("\n").cast(pl.Binary).item()
+    schema = {key: pl.String() for key in fields}
+    expected = (
+        pl.read_ndjson(whole, schema=schema).rename(fields)
+        if len(texts)
+        else pl.DataFrame(schema=schema).rename(fields)
+    )
+    F.ARGS_ROWS, saved = rows, F.ARGS_ROWS
+    try:
+        assert_frame_equal(F.args_frame(args, fields), expected)
+    finally:
+        F.ARGS_ROWS = saved
+
+
+def test_args_frame_finds_a_key_written_with_an_escape() -> None:
+    args = pl.Series(['{"Input\\u0020Dims":[[1,2]]}', None, '{"x":1}'])
+    frame = F.args_frame(args, {"Input Dims": "dims", "x": "x"})
+    assert frame["dims"].to_list() == ["[[1, 2]]", None, None]
+    assert frame["x"].to_list() == [None, None, "1"]
+
+
+def reference_int(text: str | None) -> int | None:
+    """The readings `as_int` promises, in plain Python."""
+    if text is None:
+        return None
+    for reading in (lambda t: int(t), lambda t: int(float(t))):
+        try:
+            value = reading(text.strip())
+        except ValueError:
+            continue
+        return value if -(2**63) <= value < 2**63 else None
+    trailing = re.search(r"(-?\d+)$", text.strip())
+    return int(trailing[1]) if trailing and -(2**63) <= int(trailing[1]) < 2**63 else None
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["7", "-4", None],  # plain integers only: the fast path
+        ["7", " 8 ", "stream 7", "3.0", None, "x", "0x0", "1e3", "99999999999999999999"],
+    ],
+)
+def test_as_int_reads_every_form_and_only_those(texts: list[str | None]) -> None:
+    got = pl.DataFrame({"t": texts}, schema={"t": pl.String}).select(F.as_int("t"))["t"]
+    assert got.to_list() == [reference_int(t) for t in texts]
+    categorical = pl.DataFrame({"t": texts}, schema={"t": pl.Categorical})
+    assert categorical.select(F.as_int("t"))["t"].to_list() == got.to_list()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("sf"), st.integers(0, 6), st.integers(0, 3))))
+def test_flows_are_ordered_as_by_one_three_key_sort(points: list[tuple[str, int, int]]) -> None:
+    frame = pl.DataFrame(
+        {
+            "event": list(range(len(points))),
+            "ph": [p for p, _, _ in points],
+            "cat": ["ac2g"] * len(points),
+            "flow_id": [str(i) for _, i, _ in points],
+            "pid": [1] * len(points),
+            "tid": [1] * len(points),
+            "ts_ns": [t for _, _, t in points],
+        },
+        schema_overrides={"event": pl.UInt32, "ph": pl.Categorical, "cat": pl.Categorical},
+    )
+    flows = F.flows(frame)
+    expected = flows.sort("start_ts_ns", "start_event", "end_event", nulls_last=True)
+    assert_frame_equal(flows, expected)

@@ -61,6 +61,8 @@ def test_text_columns_with_few_values_are_categorical_everywhere() -> None:
     assert trace.ops["pid"].to_list() == [7] * 3 and trace.ops["tid"].to_list() == [8] * 3
     found = trace.sql("SELECT count(*) AS n FROM events WHERE cat = 'cpu_op' AND ph = 'X'")
     assert found["n"].item() == 3
+    like = trace.sql("SELECT count(*) AS n FROM events WHERE cat LIKE 'cpu%' AND pid LIKE '7'")
+    assert like["n"].item() == 3
 
 
 keys = st.sampled_from(["a", "b c", "External id", "stream", 'q"', "é"])

@@ -255,8 +255,14 @@ class Trace:
         return {k: v for k, v in counts.items() if v}
 
     def sql(self, query: str) -> pl.DataFrame:
-        """Run SQL over the frames (tables: events, ops, kernels, runtime, steps, ...)."""
-        ctx = pl.SQLContext(frames={"events": self.events, **self.frames}, eager=True)
+        """Run SQL over the frames (tables: events, ops, kernels, runtime, steps, ...).
+
+        Columns stored as Categorical (`ph`, `cat`, `pid`, ...) read as text here, as SQL's
+        `LIKE` and string functions need; lazily, so a query casts only what it reads."""
+        frames = {"events": self.events, **self.frames}
+        text = pl.col(pl.Categorical).cast(pl.String)
+        tables = {name: frame.lazy().with_columns(text) for name, frame in frames.items()}
+        ctx = pl.SQLContext(frames=tables, eager=True)
         return ctx.execute(query)
 
     def kernels_of(self, target: str | int) -> pl.DataFrame:

@@ -22,7 +22,16 @@ def summary(trace: Trace) -> dict[str, Any]:
         pl.concat_str(pl.lit("ph:"), pl.col("ph")).alias("cat")
     )
     by_category = (
-        pl.concat([events["cat"].drop_nulls().value_counts(), phases["cat"].value_counts()])
+        pl.concat(
+            [
+                # `cat` is Categorical in the events: counted as such, cast per distinct value
+                events["cat"]
+                .drop_nulls()
+                .value_counts()
+                .with_columns(pl.col("cat").cast(pl.String)),
+                phases["cat"].value_counts(),
+            ]
+        )
         .group_by("cat")
         .agg(pl.col("count").sum().alias("len"))
         .sort(["len", "cat"], descending=[True, False])

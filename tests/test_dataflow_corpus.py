@@ -276,3 +276,18 @@ def test_rotary_pointwise_chains_are_the_et_ones(name: str) -> None:
     got, truth = _findings(_trace(name), "TQ104"), _exact_findings(name, "TQ104")
     assert len(truth) >= 4
     assert _keys(got) == _keys(truth)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "mistral", "gemma", "mixtral"])
+def test_twin_ops_read_twin_values_in_order(name: str) -> None:
+    """`return cos.to(dtype), sin.to(dtype)`, then `cos.unsqueeze(1), sin.unsqueeze(1)`:
+    both `to`s (and both unsqueezes) were given `sin * s`, the most recent value of the
+    shape; the ET has the first read `cos * s` (`matching.twin_reads`)."""
+    exact, _ = _exact_reads(name)
+    twins = exact.filter(
+        pl.col("consumer_name").is_in(["aten::unsqueeze", "aten::to"])
+        & (pl.col("producer_name") == "aten::mul")
+    )["consumer"]
+    assert twins.n_unique() >= 4  # two `to`s, then two unsqueezes per layer
+    inferred = _trace(name).dataflow.filter(pl.col("consumer").is_in(twins.implode()))
+    assert _pairs(inferred) == _pairs(exact.filter(pl.col("consumer").is_in(twins.implode())))

@@ -23,7 +23,14 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
-from traceq.relations.matching import CONFIDENCE, THREAD, numel_key, shape_edges, shape_key
+from traceq.relations.matching import (
+    CONFIDENCE,
+    THREAD,
+    numel_key,
+    shape_edges,
+    shape_key,
+    twin_reads,
+)
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
 
@@ -228,6 +235,7 @@ def dataflow(
     if not parts:
         return pl.DataFrame(schema=_EDGE_SCHEMA)
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
+    edges = twin_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

@@ -275,6 +275,48 @@ def _sin_cos_reads(edges: pl.DataFrame, nodes: pl.DataFrame, max_hops: int = 3) 
     return pl.concat([kept, rewired], how="vertical_relaxed")
 
 
+def twin_reads(edges: pl.DataFrame, nodes: pl.DataFrame, reach: int = 3) -> pl.DataFrame:
+    """Twin ops read twin values in order: `cos.to(dtype), sin.to(dtype)`.
+
+    Twins are two ops of one name and output shape in one module call, the second at most
+    `reach` ops after the first on its thread (`cos(x) * s, sin(x) * s`); twin ops run
+    one right after the other (`cos.to(...), sin.to(...)`). When twin ops run after twin
+    values, the most recent value of that shape is the second one, and shape matching
+    gives it to both; the first twin op reads the first twin value. A value read by twin
+    ops that has no twin (`x[..., :h], x[..., h:]`) is left as it is.
+    """
+    if edges.height == 0:
+        return edges
+    same = [*THREAD, "_call", "name", "_out_shape"]
+    ordered = nodes.select("event", "_seq", *same).drop_nulls("_out_shape").sort("_seq")
+    previous = ordered.with_columns(
+        pl.col("event").shift().over(same).alias("_first"),
+        (pl.col("_seq") - pl.col("_seq").shift().over(same)).alias("_gap"),
+    )
+    twins = previous.filter(pl.col("_gap") <= reach).select(
+        pl.col("event").alias("_second"), "_first", "_gap"
+    )
+    if twins.height == 0:
+        return edges
+    into_second = edges.join(
+        twins.filter(pl.col("_gap") == 1), left_on="consumer", right_on="_second"
+    ).select(pl.col("_first").alias("consumer"), "producer", "input_index")
+    # the first twin op reads the value the second one reads, and that value has a twin
+    moved = edges.join(into_second, on=["consumer", "producer", "input_index"]).join(
+        twins.select(pl.col("_second").alias("producer"), pl.col("_first").alias("_to")),
+        on="producer",
+    )
+    if moved.height == 0:
+        return edges
+    key = ["producer", "consumer", "input_index"]
+    rewired = moved.with_columns(
+        pl.col("_to").alias("producer"),
+        pl.concat_str("evidence", pl.lit("+twin")).alias("evidence"),
+    ).drop("_to")
+    kept = edges.join(moved.select(key), on=key, how="anti", nulls_equal=True)
+    return pl.concat([kept, rewired], how="vertical_relaxed")
+
+
 def _rotate_half_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     """Point `rotate_half`'s slices at `x`, not at `x * cos` (rotary embeddings).
 

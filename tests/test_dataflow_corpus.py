@@ -291,3 +291,18 @@ def test_twin_ops_read_twin_values_in_order(name: str) -> None:
     assert twins.n_unique() >= 4  # two `to`s, then two unsqueezes per layer
     inferred = _trace(name).dataflow.filter(pl.col("consumer").is_in(twins.implode()))
     assert _pairs(inferred) == _pairs(exact.filter(pl.col("consumer").is_in(twins.implode())))
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "mistral", "gemma", "mixtral"])
+def test_rotary_muls_read_cos_and_sin_alternately(name: str) -> None:
+    """`q * cos`, `rotate_half(q) * sin`, `k * cos`, `rotate_half(k) * sin`: all four were
+    given `sin`, the most recent value of the shape, and `cos` went unread. The ET has them
+    alternate, and so do the inferred edges now."""
+    exact, _ = _exact_reads(name)
+    factors = exact.filter(
+        (pl.col("consumer_name") == "aten::mul") & (pl.col("producer_name") == "aten::unsqueeze")
+    )
+    assert factors.height >= 8  # 4 muls per layer
+    into = pl.col("consumer").is_in(factors["consumer"].implode())
+    inferred = _trace(name).dataflow.filter(into & (pl.col("producer_name") == "aten::unsqueeze"))
+    assert _pairs(inferred) == _pairs(factors)

@@ -306,15 +306,44 @@ def twin_reads(edges: pl.DataFrame, nodes: pl.DataFrame, reach: int = 3) -> pl.D
         twins.select(pl.col("_second").alias("producer"), pl.col("_first").alias("_to")),
         on="producer",
     )
+    edges = _moved(edges, moved, "+twin")
+    return _moved(edges, _alternating(edges, nodes, twins), "+twin-alternating")
+
+
+def _alternating(edges: pl.DataFrame, nodes: pl.DataFrame, twins: pl.DataFrame) -> pl.DataFrame:
+    """Edges into the second twin value to give to the first one, which nothing reads.
+
+    `q * cos + rotate_half(q) * sin; k * cos + rotate_half(k) * sin` after `cos, sin =
+    cos.unsqueeze(1), sin.unsqueeze(1)`: the four muls all take `sin`, the most recent
+    value of the shape, and `cos` is read by no one. A value made and never read is rarer
+    than a misread one, so where the first twin value has no reader and 2n ops of one
+    name read the second at one argument, they alternate: the 1st, 3rd, ... read the
+    first twin. Edges with `_to` (the first twin value)."""
+    readers = edges.select("producer").unique()
+    unread = twins.join(readers, left_on="_first", right_on="producer", how="anti")
+    names = nodes.select(pl.col("event").alias("consumer"), pl.col("name").alias("_cname"), "_seq")
+    by = ["producer", "_cname", "input_index"]
+    return (
+        edges.join(unread.select("_first", "_second"), left_on="producer", right_on="_second")
+        .join(names, on="consumer")
+        .sort("_seq")
+        .with_columns(pl.int_range(pl.len()).over(by).alias("_nth"), pl.len().over(by).alias("_of"))
+        .filter((pl.col("_of") % 2 == 0) & (pl.col("_nth") % 2 == 0))
+        .select(*edges.columns, pl.col("_first").alias("_to"))
+    )
+
+
+def _moved(edges: pl.DataFrame, moved: pl.DataFrame, why: str) -> pl.DataFrame:
+    """`edges` with the `moved` ones (same columns and `_to`) starting at `_to` instead."""
     if moved.height == 0:
         return edges
     key = ["producer", "consumer", "input_index"]
     rewired = moved.with_columns(
         pl.col("_to").alias("producer"),
-        pl.concat_str("evidence", pl.lit("+twin")).alias("evidence"),
+        pl.concat_str("evidence", pl.lit(why)).alias("evidence"),
     ).drop("_to")
     kept = edges.join(moved.select(key), on=key, how="anti", nulls_equal=True)
-    return pl.concat([kept, rewired], how="vertical_relaxed")
+    return pl.concat([kept, rewired.select(edges.columns)], how="vertical_relaxed")
 
 
 def _rotate_half_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:

@@ -306,3 +306,21 @@ def test_rotary_muls_read_cos_and_sin_alternately(name: str) -> None:
     into = pl.col("consumer").is_in(factors["consumer"].implode())
     inferred = _trace(name).dataflow.filter(into & (pl.col("producer_name") == "aten::unsqueeze"))
     assert _pairs(inferred) == _pairs(factors)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gpt2", "clip", "whisper"])
+def test_pre_norm_residual_adds_read_the_norms_input(name: str) -> None:
+    """`h = x + attn(norm(x))`: the residual add reads `x`; `norm(x)` is the more recent
+    value of the shape and was read instead (`layer_norm -> add`, RMSNorm's `mul -> add`)."""
+    trace = _trace(name)
+    exact, _ = _exact_reads(name)
+    ops = trace.dataflow_ops
+    shapes = pl.col("shapes")
+    residual = ops.filter(
+        (pl.col("name") == "aten::add")
+        & (shapes.list.get(0, null_on_oob=True) == shapes.list.get(1, null_on_oob=True))
+        & (shapes.list.get(0, null_on_oob=True).list.len() == 3)  # [batch, tokens, hidden]
+    )["event"]
+    into = pl.col("consumer").is_in(residual.implode())
+    assert exact.filter(into).height >= 8  # 2 per layer, 2 layers (CLIP, Whisper: 2 towers)
+    assert _pairs(trace.dataflow.filter(into)) <= _pairs(exact)

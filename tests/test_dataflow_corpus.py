@@ -324,3 +324,14 @@ def test_pre_norm_residual_adds_read_the_norms_input(name: str) -> None:
     into = pl.col("consumer").is_in(residual.implode())
     assert exact.filter(into).height >= 8  # 2 per layer, 2 layers (CLIP, Whisper: 2 towers)
     assert _pairs(trace.dataflow.filter(into)) <= _pairs(exact)
+
+
+def test_type_as_returns_the_value_just_computed() -> None:
+    """Gemma's RMSNorm ends in `output.type_as(x)`: `self` is the newer value, the
+    argument the older; pairing them in program order read `x.type_as(output)`, so every
+    projection after the norm read the norm's input (the ET: its result)."""
+    trace = _trace("gemma")
+    exact, _ = _exact_reads("gemma")
+    projections = trace.dataflow.filter(pl.col("consumer_name") == "aten::linear")
+    assert projections.height >= 14  # q, k, v, o, gate, up, down per layer; the lm head
+    assert _pairs(projections) <= _pairs(exact)

@@ -70,6 +70,9 @@ SQUARES = ("pow", "square")
 `x.pow(2).mean(-1)` (RMSNorm's variance, a sum of squares). Without this the later
 `x * rsqrt(...)` reads the square, the most recent value of x's shape (66 of the corpus'
 wrong edges)."""
+SELF_LAST = ("type_as", "expand_as", "view_as", "reshape_as")
+"""Ops whose `self` is the value just computed and whose argument an older one:
+`output.type_as(x)` (Gemma's RMSNorm returns it), so the later producer is argument 0."""
 COMPILED_WEIGHT_OPERAND = {"aten::mm": 1, "aten::addmm": 2, "aten::_addmm_activation": 2}
 """In a compiled graph this GEMM operand is a (permuted) parameter, never an op's output."""
 
@@ -496,6 +499,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_shape").alias("_cshape"),
         pl.col("_out_numel").alias("_cnumel"),
         pl.col("name").str.contains(IN_PLACE).alias("_cinplace"),
+        pl.col("name").str.replace(r"^\w+::", "").is_in(SELF_LAST).alias("_cself_last"),
     )
     projection = (
         (pl.col("_ckind") == opshapes.GEMM)
@@ -735,8 +739,10 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
 
 
 def _assign(chosen: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
-    """Pair chosen producers with the group's inputs: earlier producer, earlier argument."""
-    picks = chosen.sort("_pseq").with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_slot"))
+    """Pair chosen producers with the group's inputs: earlier producer, earlier argument,
+    except for the ops that take their argument from a value made earlier (`SELF_LAST`)."""
+    order = pl.when("_cself_last").then(-pl.col("_pseq")).otherwise(pl.col("_pseq"))
+    picks = chosen.sort(order).with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_slot"))
     slots = inputs.sort("index").with_columns(pl.int_range(pl.len()).over(_GROUP).alias("_slot"))
     paired = picks.join(
         slots.select(*_GROUP, "_slot", "index", "shape"), on=[*_GROUP, "_slot"], how="inner"

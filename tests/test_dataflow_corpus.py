@@ -335,3 +335,28 @@ def test_type_as_returns_the_value_just_computed() -> None:
     projections = trace.dataflow.filter(pl.col("consumer_name") == "aten::linear")
     assert projections.height >= 14  # q, k, v, o, gate, up, down per layer; the lm head
     assert _pairs(projections) <= _pairs(exact)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_written_out_gelu_cubes_x_not_half_x(name: str) -> None:
+    """`0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`: the ET's `pow` reads `x` and the
+    last `mul` reads `0.5 * x`; by shape and order they read the other one."""
+    trace = _trace(name)
+    exact, _ = _exact_reads(name)
+    into_pow = trace.dataflow.filter(pl.col("consumer_name") == "aten::pow")
+    assert into_pow.height >= 2  # one GELU per layer (and T5's RMSNorm squares)
+    assert _pairs(into_pow) <= _pairs(exact)
+    gelu = trace.dataflow.filter(pl.col("evidence").str.contains("scaled-term"))
+    cubes = gelu.filter(pl.col("consumer_name") == "aten::pow").height
+    assert cubes >= 2 and gelu.height == 2 * cubes  # the pow and the last mul of each
+    assert _pairs(gelu) <= _pairs(exact)
+
+
+def test_quick_gelu_keeps_its_reads() -> None:
+    """QuickGELU, `x * sigmoid(1.702 * x)`, starts with a scalar multiple too, but reads `x`
+    nowhere in between: its sigmoid reads `1.702 * x`, as the ET has it."""
+    trace = _trace("clip")
+    exact, _ = _exact_reads("clip")
+    into_sigmoid = trace.dataflow.filter(pl.col("consumer_name") == "aten::sigmoid")
+    assert into_sigmoid.height >= 4
+    assert _pairs(into_sigmoid) <= _pairs(exact)

@@ -7,8 +7,9 @@ ranks them, and takes as many as it has inputs of that shape:
 
 1. live before hidden: a value is hidden when it stayed inside a module call that has
    ended (encapsulation), or when an op at its own module level replaced it (`x = f(x)`,
-   `x = x.view(...)`); a hidden value is never taken (such picks were right about 1 time
-   in 10 against the ET corpus: the input gets no producer instead);
+   `x = x.view(...)`; a slice takes only part of it and replaces nothing); a hidden value
+   is taken only by a pointwise op that is not in place, when no live one fits (elsewhere
+   such picks were right about 1 time in 10 against the ET corpus);
    a GEMM that maps shape S to S is no candidate for another GEMM's input of shape S
    (q/k/v and gate/up projections read one input; square GEMM chains are rare), and
    an up projection whose input and output one `mul` reads together reads what the gate
@@ -18,9 +19,15 @@ ranks them, and takes as many as it has inputs of that shape:
    recent (`act(self.fc(x))` reads the submodule's result, not an older value beside it:
    against the ET corpus this alone turned 21 wrong edges right), except where several
    unread values of its own module call wait in a queue (`_queued`): the oldest first;
+   a pre-norm residual add passes over the norm's result for its input
+   (`_skipped_norms`);
 3. the most recent first.
 Producers go to inputs in program order (the earlier producer to the earlier argument),
-which is the order Python evaluates call arguments in.
+which is the order Python evaluates call arguments in (`out.type_as(x)` excepted).
+Then patterns that shape and order read wrong are read as the models write them:
+`sin`/`cos` of one angle, `rotate_half(x)`, a written-out GELU's `x**3`, and (in
+`dataflow`, after ops that return their input are looked through) twin values
+(`twin_reads`).
 """
 
 from __future__ import annotations

@@ -319,6 +319,7 @@ def _shape_cases() -> dict:
         "embedding": lambda: F.embedding(torch.tensor([[1, 2, 3], [4, 5, 6]]), r(10, 8)),
         "sdpa": lambda: F.scaled_dot_product_attention(r(2, 4, 9, 8), r(2, 4, 7, 8), r(2, 4, 7, 6)),
         "index_select": lambda: torch.index_select(r(5, 7), 1, torch.tensor([0, 3, 3, 6])),
+        "gather": lambda: torch.gather(r(5, 7), 1, torch.tensor([[0, 3]] * 4)),
         "to": lambda: r(3, 4).to(torch.float64),
         "mse_loss": lambda: F.mse_loss(r(3, 4), r(3, 4)),
     }

@@ -360,3 +360,23 @@ def test_quick_gelu_keeps_its_reads() -> None:
     into_sigmoid = trace.dataflow.filter(pl.col("consumer_name") == "aten::sigmoid")
     assert into_sigmoid.height >= 4
     assert _pairs(into_sigmoid) <= _pairs(exact)
+
+
+@pytest.mark.parametrize("name", ["bert", "bert_ensemble"])
+def test_bert_embeddings_read_position_ids_and_their_gather(name: str) -> None:
+    """`position_ids[:, :T]`, `gather(token_type_buffer, 1, position_ids)`, `.expand(B, T)`:
+    the expand read the slice (the gather had no output shape) and, once it had one, the
+    position embedding lost the slice (the gather "replaced" it; taking part of a value,
+    like a slice, replaces nothing)."""
+    trace = _trace(name)
+    exact, _ = _exact_reads(name)
+    embeddings = trace.dataflow.join(
+        trace.dataflow_ops.select(pl.col("event").alias("consumer"), "module"), on="consumer"
+    ).filter(pl.col("module").str.contains("BertEmbeddings_", literal=True))
+    got = _pairs(embeddings) & _pairs(exact)
+    assert len(got) >= 6 * (1 + (name == "bert_ensemble"))
+    names = dict(trace.dataflow_ops.select("event", "name").iter_rows())
+    assert {(names[p], names[c]) for p, c in got} >= {
+        ("aten::gather", "aten::expand"),
+        ("aten::slice", "aten::embedding"),
+    }

@@ -77,6 +77,11 @@ SQUARES = ("pow", "square")
 `x.pow(2).mean(-1)` (RMSNorm's variance, a sum of squares). Without this the later
 `x * rsqrt(...)` reads the square, the most recent value of x's shape (66 of the corpus'
 wrong edges)."""
+PARTS = ("slice", "select", "narrow", "as_strided", "gather", "index_select", "index")
+"""Ops that take part of a value (`x[..., :h]`, `x[idx]`, a DDP bucket's per-parameter
+`as_strided` views): the value itself lives on, unreplaced
+(rotary embeddings read `x` again after slicing it; 40 wrong edges in the ET corpus
+while a slice "replaced" `x * cos`)."""
 SELF_LAST = ("type_as", "expand_as", "view_as", "reshape_as")
 """Ops whose `self` is the value just computed and whose argument an older one:
 `output.type_as(x)` (Gemma's RMSNorm returns it), so the later producer is argument 0."""
@@ -596,6 +601,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_shape").alias("_cshape"),
         pl.col("_out_numel").alias("_cnumel"),
         pl.col("name").str.contains(IN_PLACE).alias("_cinplace"),
+        pl.col("name").str.replace(r"^\w+::", "").is_in(PARTS).alias("_cpart"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SELF_LAST).alias("_cself_last"),
     )
     projection = (
@@ -822,7 +828,8 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
     replacing = (
         level
         & kind.is_in(_UPDATING_KINDS)
-        & (same_size | (kind.is_in(_RESHAPING_KINDS) & (pl.col("_cnumel") == pl.col("_pnumel"))))
+        & (same_size | kind.is_in(_RESHAPING_KINDS))
+        & ~pl.col("_cpart")
         & ~pl.col("_pmulti")  # one output of a split replaced says nothing of the others
     ).fill_null(False)
     # an in-place op overwrites its first argument (the earliest producer it reads, as

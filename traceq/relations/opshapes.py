@@ -713,6 +713,8 @@ def _view_output(op: str, dims: list, x: Shape | None, concrete: list[str]) -> S
         out = list(x)
         out[d] = numel(index)
         return out
+    if op == "gather" and len(dims) > 2 and dims[2]:
+        return list(dims[2])  # gather(x, dim, index) has the shape of index
     if op in MULTI_OUTPUT:
         return _piece(op, x, concrete)
     return None

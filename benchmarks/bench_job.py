@@ -48,6 +48,7 @@ def make_job(source: Path, ranks: int, out: Path, slow_rank: int, delay_us: floa
     stamp = out.parent / f"{out.name}.made.json"
     spec = {"source": str(source), "ranks": ranks, "slow": slow_rank, "delay_us": delay_us,
             "skew_us": skew_us}  # fmt: skip
+    (out / "made.json").unlink(missing_ok=True)  # where older runs left the stamp
     if stamp.exists() and json.loads(stamp.read_text()) == spec:
         return
     out.mkdir(parents=True, exist_ok=True)

@@ -380,3 +380,21 @@ def test_bert_embeddings_read_position_ids_and_their_gather(name: str) -> None:
         ("aten::gather", "aten::expand"),
         ("aten::slice", "aten::embedding"),
     }
+
+
+# -- generate's host-side bookkeeping (outside any module call) -----------------------------
+
+
+@pytest.mark.parametrize("name", ["gpt2_generate", "llama_generate"])
+def test_stopping_criteria_any_reads_isin(name: str) -> None:
+    """`EosTokenCriteria`: `isin(input_ids[:, -1], eos).any(-1)`-style checks. `isin` has
+    its elements' shape; with no known output it was skipped and `any` read the slice
+    before it (the ET: isin -> any, every step)."""
+    trace = _trace(name)
+    exact = tensor_edges(trace, _et(name), trace.dataflow_ops)
+    into_any = exact.filter(
+        (pl.col("consumer_name") == "aten::any") & (pl.col("producer_name") == "aten::isin")
+    )
+    assert into_any.height >= 4  # one per generated token
+    inferred = trace.dataflow.filter(pl.col("consumer").is_in(into_any["consumer"].implode()))
+    assert _pairs(inferred) == _pairs(into_any)

@@ -316,6 +316,10 @@ _GRAD_LIKE = {
     "_log_softmax_backward_data": 0,
 }
 """Backward ops whose result (a gradient) has the shape of the input at this position."""
+_ELEMENTS_SHAPED = {"isin", "bucketize"}
+"""Ops whose result has the shape of their first argument (`isin(elements, test)`): left
+unknown, the op after it read the value before it (`generate`'s stopping criteria:
+`any(isin(ids[:, -1:], eos))` read as `any(ids[:, -1:])`, 8 wrong edges in the corpus)."""
 _COLLECTIVE_NS = {"c10d", "_c10d_functional", "c10d_functional"}
 MULTI_OUTPUT = {"chunk", "unsafe_chunk", "split", "unsafe_split", "split_with_sizes", "unbind"}
 """Ops returning several tensors; `output_shape` is the shape they share, when they do."""
@@ -612,6 +616,8 @@ def _output(
         return [*dims[1], dims[0][-1]]
     if op in _GRAD_LIKE:
         return dims[_GRAD_LIKE[op]]
+    if op in _ELEMENTS_SHAPED:
+        return dims[0] if _is_shape(dims[0]) else None
     return None
 
 

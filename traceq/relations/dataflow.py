@@ -29,6 +29,7 @@ from traceq.relations.matching import (
     numel_key,
     shape_edges,
     shape_key,
+    sibling_projection_reads,
     twin_reads,
 )
 from traceq.relations.nesting import enclosing
@@ -235,7 +236,7 @@ def dataflow(
     if not parts:
         return pl.DataFrame(schema=_EDGE_SCHEMA)
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
-    edges = twin_reads(edges, nodes)
+    edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

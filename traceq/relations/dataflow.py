@@ -228,7 +228,7 @@ def dataflow(
         from traceq.relations.execution_trace import replace_inferred
 
         return replace_inferred(dataflow(trace, ops), trace, execution_trace, ops)
-    nodes = _numbered(ops, module_calls(trace, ops))
+    nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace))
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
     parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes))
@@ -309,12 +309,30 @@ def _through_returned_inputs(
     return edges
 
 
-def _numbered(ops: pl.DataFrame, calls: pl.DataFrame | None = None) -> pl.DataFrame:
+FACTORY_DTYPE_AT = {"aten::full": 2, "aten::ones": 1, "aten::zeros": 1, "aten::empty": 1}
+"""Where a factory's `dtype` argument is (`torch.full(size, fill, dtype=...)`)."""
+BOOL_SCALAR_TYPE = "11"
+"""`c10::ScalarType::Bool`, as the profiler records a `dtype` argument."""
+
+
+def bool_factories(trace: Trace) -> pl.Series:
+    """Events of the factory ops that made a bool tensor (`torch.full((n,), False,
+    dtype=torch.bool)`, `generate`'s `this_peer_finished` masks)."""
+    made = trace.ops.filter(pl.col("name").is_in(list(FACTORY_DTYPE_AT)))
+    at = pl.col("name").replace_strict(FACTORY_DTYPE_AT, default=0)
+    dtype = pl.col("concrete_inputs").list.get(at, null_on_oob=True)
+    return made.filter((dtype == BOOL_SCALAR_TYPE).fill_null(False))["event"].cast(pl.Int64)
+
+
+def _numbered(
+    ops: pl.DataFrame, calls: pl.DataFrame | None = None, made_bool: pl.Series | None = None
+) -> pl.DataFrame:
     """Ops in thread order (`_seq`), with matching keys and the module call they ran in.
 
     `calls` (`module_calls`) gives each op `_call` (its innermost `nn.Module` call, -1 for
     none), `_top` (its outermost one) and `_scope_start`/`_scope_end`: the module call its
-    result can still be read in (null: anywhere)."""
+    result can still be read in (null: anywhere). `made_bool`: events of factory ops that
+    made a bool tensor (`_made_bool`)."""
     nodes = (
         ops.sort("pid", "tid", "ts_ns", "event")
         .with_row_index("_seq")
@@ -325,6 +343,11 @@ def _numbered(ops: pl.DataFrame, calls: pl.DataFrame | None = None) -> pl.DataFr
             pl.col("compiled").alias("_loose"),
             pl.col("parent").fill_null(-1).alias("_tree"),
             pl.lit(False).alias("_out_inferred"),
+            pl.col("event")
+            .is_in(
+                (made_bool if made_bool is not None else pl.Series([], dtype=pl.Int64)).implode()
+            )
+            .alias("_made_bool"),
             pl.col("name")
             .str.replace(r"^\w+::", "")
             .str.replace(r"\..*$", "")

@@ -742,17 +742,19 @@ BOOL_KEEPING = frozenset(
 
 
 def _returns_bool() -> pl.Expr:
-    """True for an op whose result is a bool tensor (`BOOL_RESULT`, or `BOOL_KEEPING` of a
-    bool). PyTorch does not pass a bool tensor where the argument's recorded type is another
-    dtype (promotion shows in the result, not the argument), so such a value is a candidate
-    only for a consumer that reads a bool of its shape, at most one per bool argument:
-    `generate`'s `unfinished & ~done` read `any(...)` as the long `unfinished`. Against the
-    ET corpus: 29 wrong edges gone; 11 other wrong edges and 12 right ones lost came with
-    it (`generate`'s host-side ops: a `lt` that read a bool now reads and "replaces" the
-    value the next `to` and `isin` read), edge precision 0.950 -> 0.953."""
+    """True for an op whose result is a bool tensor (`BOOL_RESULT`, `BOOL_KEEPING` of a
+    bool, a factory given `dtype=torch.bool`: `_made_bool`). PyTorch does not pass a bool
+    tensor where the argument's recorded type is another dtype (promotion shows in the
+    result, not the argument), so such a value is a candidate only for a consumer that
+    reads a bool of its shape, at most one per bool argument: `generate`'s `unfinished &
+    ~done` read `any(...)` as the long `unfinished`. Against the ET corpus: 29 wrong edges
+    gone; 11 other wrong edges and 12 right ones lost came with it (`generate`'s host-side
+    ops: a `lt` that read a bool now reads and "replaces" the value the next `to` and
+    `isin` read), edge precision 0.950 -> 0.953; bool factories: 14 more wrong edges gone
+    (`full(..., dtype=torch.bool)` read as `unfinished`), 0.960 -> 0.963."""
     base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
     keeping = base.is_in(list(BOOL_KEEPING)) & (pl.col("dtype") == "bool")
-    return (base.is_in(list(BOOL_RESULT)) | keeping).fill_null(False)
+    return (base.is_in(list(BOOL_RESULT)) | keeping | pl.col("_made_bool")).fill_null(False)
 
 
 def _nearest(

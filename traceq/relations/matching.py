@@ -125,11 +125,9 @@ def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     # pointwise op reading a value an earlier pointwise op "replaced": a written-out
     # expression reads its input several times (`0.5 * x * (1 + tanh(x + 0.044715 * x**3))`,
     # `h * sigmoid(h)`). An in-place op is none: `x.add_(y)` updates a live value (the
-    # corpus: 5 such picks, none right); nor is an op outside every module call, where all
-    # ops are at one level and "replaced" says little (`generate`'s bookkeeping, DDP's
-    # reducer: 2 such picks right of 9).
+    # corpus: 5 such picks, none right).
     pointwise = pl.col("_ckind").is_in([opshapes.ELEMENTWISE, opshapes.ACTIVATION, opshapes.UNARY])
-    written_out = ~pl.col("_enclosed") & pointwise & ~pl.col("_cinplace") & (pl.col("_call") != -1)
+    written_out = ~pl.col("_enclosed") & pointwise & ~pl.col("_cinplace")
     chosen = chosen.filter((pl.col("_tier") == 0) | written_out)
     edges = _sibling_gemm_reads(_assign(chosen, inputs), nodes)
     return _scaled_term_reads(_rotate_half_reads(_sin_cos_reads(edges, nodes), nodes), nodes)

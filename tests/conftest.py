@@ -20,6 +20,7 @@ once by the stdlib `json` (the independent reference), and released before the n
 from __future__ import annotations
 
 import atexit
+import copy
 import gzip
 import hashlib
 import json
@@ -57,6 +58,7 @@ SHARED_TRACES = Path(
 ).resolve()
 FIXTURES = REPO_ROOT / "fixtures"
 GPU_FIXTURES = FIXTURES / "gpu"
+CORPUS = FIXTURES / "corpus"  # Kineto + ET pairs (fixtures/record_corpus.py)
 GPU_SOURCES = json.loads((GPU_FIXTURES / "sources.json").read_text())["traces"]
 # shared relative path -> the bundled copy of the same bytes
 BUNDLED = {entry["shared"]: GPU_FIXTURES / name for name, entry in GPU_SOURCES.items()}
@@ -155,6 +157,54 @@ class TraceCase:
     @property
     def raw_events(self) -> list[Any]:
         return self.document["traceEvents"]
+
+
+def corpus_paths(name: str) -> tuple[Path, Path]:
+    """A corpus entry's Kineto trace and ET; the test skips when it is not recorded."""
+    kineto, et = CORPUS / f"{name}.pt.trace.json.gz", CORPUS / f"{name}.et.json.gz"
+    if not (kineto.is_file() and et.is_file()):
+        pytest.skip(f"corpus entry {name} is not recorded")
+    return kineto, et
+
+
+def exact_ns(value: Any) -> int:
+    """A trace time in microseconds (number or decimal text) as exact integer ns."""
+    return int(Decimal(str(value)) * 1000)
+
+
+def split_copies(document: dict[str, Any], name: str, pieces: int) -> dict[str, Any]:
+    """The same trace with each `name` copy issued as `pieces` back-to-back copies of equal
+    size, each from its own runtime call inside the original call's time: the bytes, the
+    copy engine's busy time and every op's span are unchanged (TQ203's many-small-copies
+    case made from a real trace)."""
+    doc = copy.deepcopy(document)
+    events = doc["traceEvents"]
+    runtime = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+    }
+    next_corr = max(runtime) + 1
+    replaced: dict[int, list[dict[str, Any]]] = {}
+    out = []
+    for event in events:
+        if event.get("name") != name:
+            out.append(event)
+            continue
+        call = runtime[event["args"]["correlation"]]
+        for i in range(pieces):
+            piece, part = copy.deepcopy(event), copy.deepcopy(call)
+            for ev, whole in ((piece, event), (part, call)):
+                ts, dur = exact_ns(whole["ts"]), exact_ns(whole["dur"])
+                begin, until = ts + i * dur // pieces, ts + (i + 1) * dur // pieces
+                ev["ts"], ev["dur"] = Decimal(begin) / 1000, Decimal(until - begin) / 1000
+                ev["args"]["correlation"] = next_corr
+            piece["args"]["bytes"] = event["args"]["bytes"] // pieces
+            out.append(piece)
+            replaced.setdefault(id(call), []).append(part)
+            next_corr += 1
+    doc["traceEvents"] = [p for e in out for p in replaced.get(id(e), [e])]
+    return doc
 
 
 def _label(path: Path) -> str:

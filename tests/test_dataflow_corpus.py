@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import sys
 from functools import cache
-from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import CORPUS, corpus_paths
 
 import traceq
 from traceq.relations.dataflow import dataflow, module_calls
@@ -24,26 +24,18 @@ from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.finding import Finding
 
-CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
 FUSION = ("TQ101", "TQ102", "TQ103", "TQ104", "TQ105")
 sys.path.insert(0, str(CORPUS.parent.parent / "benchmarks"))
 
 
-def _paths(name: str) -> tuple[Path, Path]:
-    kineto, et = CORPUS / f"{name}.pt.trace.json.gz", CORPUS / f"{name}.et.json.gz"
-    if not (kineto.is_file() and et.is_file()):
-        pytest.skip(f"corpus entry {name} is not recorded")
-    return kineto, et
-
-
 @cache
 def _trace(name: str) -> traceq.Trace:
-    return traceq.load(_paths(name)[0])
+    return traceq.load(corpus_paths(name)[0])
 
 
 @cache
 def _et(name: str) -> pl.DataFrame:
-    return load_execution_trace(_paths(name)[1])
+    return load_execution_trace(corpus_paths(name)[1])
 
 
 def _pairs(frame: pl.DataFrame) -> set[tuple[int, int]]:
@@ -55,7 +47,7 @@ def _findings(trace: traceq.Trace, *codes: str) -> list[Finding]:
 
 
 def _exact_findings(name: str, *codes: str) -> list[Finding]:
-    trace = traceq.load(_paths(name)[0])
+    trace = traceq.load(corpus_paths(name)[0])
     trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=_et(name))
     return _findings(trace, *codes)
 

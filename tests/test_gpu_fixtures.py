@@ -40,6 +40,7 @@ from conftest import (
     SHARED_TRACES,
     gpu_fixture,
     read_json,
+    split_copies,
     write_json,
 )
 
@@ -275,44 +276,6 @@ def test_tq203_counts_the_host_time_of_pageable_copies(raw) -> None:
         )
 
 
-def _split_copies(document: dict[str, Any], name: str, pieces: int) -> dict[str, Any]:
-    """The same trace with each `name` copy issued as `pieces` back-to-back copies of equal
-    size, each from its own runtime call inside the original call's time: the bytes, the
-    copy engine's busy time and every op's span are unchanged."""
-    doc = copy.deepcopy(document)
-    events = doc["traceEvents"]
-    runtime = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
-    }
-    next_corr = max(runtime) + 1
-    out = []
-    for event in events:
-        if event.get("name") != name:
-            out.append(event)
-            continue
-        call = runtime[event["args"]["correlation"]]
-        events_of_call = []
-        for i in range(pieces):
-            piece, part = copy.deepcopy(event), copy.deepcopy(call)
-            for ev, whole in ((piece, event), (part, call)):
-                # whole ns: piece i covers [ts + i·dur/pieces, ts + (i+1)·dur/pieces)
-                ts, dur = Raw.ns(whole["ts"]), Raw.ns(whole["dur"])
-                begin, until = ts + i * dur // pieces, ts + (i + 1) * dur // pieces
-                ev["ts"], ev["dur"] = Decimal(begin) / 1000, Decimal(until - begin) / 1000
-                ev["args"]["correlation"] = next_corr
-            piece["args"]["bytes"] = event["args"]["bytes"] // pieces
-            out.append(piece)
-            events_of_call.append(part)
-            next_corr += 1
-        call["_replaced_by"] = events_of_call
-    doc["traceEvents"] = []
-    for event in out:
-        doc["traceEvents"].extend(event.pop("_replaced_by", [event]))
-    return doc
-
-
 def test_tq203_reports_many_small_copies_that_one_copy_would_do(raw, tmp_path: Path) -> None:
     """The sampled rank uploads four pinned buffers per step: too few to flag. Issued as
     16 pieces each (64 copies of 32-49 kB per step), they are the rule's "many small
@@ -321,7 +284,7 @@ def test_tq203_reports_many_small_copies_that_one_copy_would_do(raw, tmp_path: P
     name = "Memcpy HtoD (Pinned -> Device)"
     original = analyze(traceq.load(SAMPLED), select="TQ203")
     assert not [f for f in original if f.evidence["copy_name"] == name]
-    doc = _split_copies(raw(SAMPLED).document, name, 16)
+    doc = split_copies(raw(SAMPLED).document, name, 16)
     path = write_json(doc, tmp_path / "split.json")
     r = Raw(read_json(path, parse_float=Decimal))
     small = [f for f in analyze(traceq.load(path), select="TQ203") if f.severity == "info"]

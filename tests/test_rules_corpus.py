@@ -12,10 +12,10 @@ counts written down.
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import CORPUS, corpus_paths
 
 import traceq
 from traceq.relations.dataflow import dataflow
@@ -23,28 +23,20 @@ from traceq.relations.execution_trace import load_execution_trace, tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 
-CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
 FUSION = ("TQ101", "TQ102", "TQ103", "TQ104", "TQ105")
 ENTRIES = sorted(p.name.removesuffix(".et.json.gz") for p in CORPUS.glob("*.et.json.gz"))
 
 Keys = set[tuple[str, frozenset[int]]]
 
 
-def _paths(name: str) -> tuple[Path, Path]:
-    kineto, et = CORPUS / f"{name}.pt.trace.json.gz", CORPUS / f"{name}.et.json.gz"
-    if not (kineto.is_file() and et.is_file()):
-        pytest.skip(f"corpus entry {name} is not recorded")
-    return kineto, et
-
-
 @cache
 def _et(name: str) -> pl.DataFrame:
-    return load_execution_trace(_paths(name)[1])
+    return load_execution_trace(corpus_paths(name)[1])
 
 
 @cache
 def _trace(name: str) -> traceq.Trace:
-    return traceq.load(_paths(name)[0])
+    return traceq.load(corpus_paths(name)[0])
 
 
 def _keys(trace: traceq.Trace, *codes: str) -> Keys:
@@ -59,7 +51,7 @@ def _inferred(name: str) -> Keys:
 
 @cache
 def _exact(name: str) -> Keys:
-    trace = traceq.load(_paths(name)[0])
+    trace = traceq.load(corpus_paths(name)[0])
     trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=_et(name))
     return _keys(trace)
 

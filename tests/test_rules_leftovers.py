@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import gpu_fixture, read_json, write_json
+from conftest import exact_ns, gpu_fixture, read_json, split_copies, write_json
 
 import traceq
 from traceq.analyze import analysis, analyze
@@ -37,10 +37,6 @@ RESNET = (
 )
 SAMPLED = gpu_fixture("hta-sampled_rank-0")
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}  # 2021 schema too
-
-
-def ns(value: Any) -> int:
-    return int(Decimal(str(value)) * 1000)
 
 
 class Raw:
@@ -58,10 +54,10 @@ class Raw:
         ]
 
     def start(self, i: int) -> int:
-        return ns(self.events[i]["ts"])
+        return exact_ns(self.events[i]["ts"])
 
     def end(self, i: int) -> int:
-        return self.start(i) + ns(self.events[i].get("dur", 0))
+        return self.start(i) + exact_ns(self.events[i].get("dur", 0))
 
     def gpu(self) -> list[int]:
         return self.where(lambda e: str(e.get("cat", "")).lower() in GPU_CATS)
@@ -163,39 +159,6 @@ def test_tq207_without_steps_gives_each_zero_grad_its_own_iterations_adds(
 # -- TQ203: two kinds of finding, two identities ------------------------------------------
 
 
-def _split_copies(document: dict[str, Any], name: str, pieces: int) -> dict[str, Any]:
-    """Each `name` copy issued as `pieces` back-to-back copies of equal size, each with its
-    own runtime call inside the original call's time (bytes and spans unchanged)."""
-    doc = copy.deepcopy(document)
-    events = doc["traceEvents"]
-    runtime = {
-        e["args"]["correlation"]: e
-        for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
-    }
-    next_corr = max(runtime) + 1
-    replaced: dict[int, list[dict[str, Any]]] = {}
-    out = []
-    for event in events:
-        if event.get("name") != name:
-            out.append(event)
-            continue
-        call = runtime[event["args"]["correlation"]]
-        for i in range(pieces):
-            piece, part = copy.deepcopy(event), copy.deepcopy(call)
-            for ev, whole in ((piece, event), (part, call)):
-                ts, dur = ns(whole["ts"]), ns(whole["dur"])
-                begin, until = ts + i * dur // pieces, ts + (i + 1) * dur // pieces
-                ev["ts"], ev["dur"] = Decimal(begin) / 1000, Decimal(until - begin) / 1000
-                ev["args"]["correlation"] = next_corr
-            piece["args"]["bytes"] = event["args"]["bytes"] // pieces
-            out.append(piece)
-            replaced.setdefault(id(call), []).append(part)
-            next_corr += 1
-    doc["traceEvents"] = [p for e in out for p in replaced.get(id(e), [e])]
-    return doc
-
-
 def test_tq203_pageable_and_small_copies_of_one_op_are_two_findings(tmp_path: Path) -> None:
     """The sampled HTA rank uploads with `aten::to` from pageable memory (a warning: pin
     it) and, split into 16 pieces here, from pinned memory in 64 small copies per step (an
@@ -203,7 +166,7 @@ def test_tq203_pageable_and_small_copies_of_one_op_are_two_findings(tmp_path: Pa
     names, shapes) made them one finding in the report and in regression diffs."""
     document = read_json(SAMPLED, parse_float=Decimal)
     path = write_json(
-        _split_copies(document, "Memcpy HtoD (Pinned -> Device)", 16), tmp_path / "split.json"
+        split_copies(document, "Memcpy HtoD (Pinned -> Device)", 16), tmp_path / "split.json"
     )
     trace = traceq.load(path)
     report = build_report(analysis(trace, select="TQ203"), trace)

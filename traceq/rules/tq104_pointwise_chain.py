@@ -151,14 +151,7 @@ def _zero_dim_reads(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
     writers = ops.filter(pl.col("output_shape").list.len() == 0).select(
         "pid", "tid", pl.col("ts_ns").alias("_w_ts")
     )
-    where = ops.select("event", "pid", "tid", "ts_ns")
-    spans = (
-        links.join(zero_dim, on="consumer", how="semi")
-        .join(where.rename({"event": "producer", "ts_ns": "_p_ts"}), on="producer")
-        .join(
-            where.rename({"event": "consumer", "ts_ns": "_c_ts"}).drop("pid", "tid"), on="consumer"
-        )
-    )
+    spans = _spans(ops, links.join(zero_dim, on="consumer", how="semi"))
     if spans.height == 0 or writers.height == 0:
         return links.select("producer", "consumer").clear()
     return (
@@ -182,10 +175,7 @@ def _across_calls(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
         .group_by("call", "pid", "tid")
         .agg(pl.col("ts_ns").min().alias("_c_start"), pl.col("ts_ns").max().alias("_c_end"))
     )
-    where = ops.select("event", "pid", "tid", "ts_ns")
-    spans = links.join(where.rename({"event": "producer", "ts_ns": "_p_ts"}), on="producer").join(
-        where.rename({"event": "consumer", "ts_ns": "_c_ts"}).drop("pid", "tid"), on="consumer"
-    )
+    spans = _spans(ops, links)
     if calls.height == 0 or spans.height == 0:
         return links.select("producer", "consumer").clear()
     return (
@@ -193,6 +183,16 @@ def _across_calls(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
         .filter((pl.col("_c_start") > pl.col("_p_ts")) & (pl.col("_c_end") < pl.col("_c_ts")))
         .select("producer", "consumer")
         .unique()
+    )
+
+
+def _spans(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
+    """`links` with the producer's thread (`pid`, `tid`) and start (`_p_ts`) and the
+    consumer's start (`_c_ts`): what ran between the two is what `_across_calls` and
+    `_zero_dim_reads` look for."""
+    where = ops.select("event", "pid", "tid", "ts_ns")
+    return links.join(where.rename({"event": "producer", "ts_ns": "_p_ts"}), on="producer").join(
+        where.rename({"event": "consumer", "ts_ns": "_c_ts"}).drop("pid", "tid"), on="consumer"
     )
 
 

@@ -64,6 +64,8 @@ GPU_SOURCES = json.loads((GPU_FIXTURES / "sources.json").read_text())["traces"]
 BUNDLED = {entry["shared"]: GPU_FIXTURES / name for name, entry in GPU_SOURCES.items()}
 # Execution Traces (PyTorch's graph dump, not Kineto) and raw memory timelines: not traces.
 NOT_KINETO = ("_et.json", ".raw.gz")
+# `cat` of GPU activities (kernels, copies, sets) in the raw JSON, as Kineto writes them.
+RAW_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 # Traces bigger than this are marked `slow` (deselect them with -m "not slow").
 SLOW_FILE_BYTES = 700_000  # compressed size; roughly 40k events
 
@@ -138,6 +140,59 @@ def write_json(document: Any, path: Path) -> Path:
     return path
 
 
+def exact_ns(value: Any) -> int:
+    """A trace time in microseconds (number or decimal text) as exact integer ns."""
+    return int(Decimal(str(value)) * 1000)
+
+
+class Raw:
+    """A trace as the stdlib reads it (the independent reference): events by index (=
+    traceq's event id), times in exact integer ns, launches found by correlation."""
+
+    def __init__(self, source: Path | dict[str, Any]) -> None:
+        """`source`: a trace file (decoded with every fraction kept exact as a `Decimal`), or
+        a document already decoded, e.g. an edited copy."""
+        if not isinstance(source, dict):
+            source = read_json(source, parse_float=Decimal)
+        self.document = source
+        self.events: list[Any] = self.document["traceEvents"]
+
+    def start(self, i: int) -> int:
+        return exact_ns(self.events[i]["ts"])
+
+    def dur(self, i: int) -> int:
+        return exact_ns(self.events[i].get("dur", 0))
+
+    def end(self, i: int) -> int:
+        return self.start(i) + self.dur(i)
+
+    def where(self, test: Callable[[dict[str, Any]], bool]) -> list[int]:
+        """The complete (`ph` X) events that pass `test`, by index."""
+        return [
+            i
+            for i, e in enumerate(self.events)
+            if isinstance(e, dict) and e.get("ph") == "X" and test(e)
+        ]
+
+    def gpu(self) -> list[int]:
+        """Kernels, copies and sets on the GPU."""
+        return self.where(lambda e: e.get("cat") in RAW_GPU_CATS)
+
+    @cached_property
+    def runtime_by_corr(self) -> dict[int, int]:
+        """correlation -> the first `cuda_runtime` call with it."""
+        found: dict[int, int] = {}
+        for i in self.where(lambda e: e.get("cat") == "cuda_runtime"):
+            corr = (self.events[i].get("args") or {}).get("correlation")
+            if corr is not None:
+                found.setdefault(corr, i)
+        return found
+
+    def launch_of(self, i: int) -> int | None:
+        """The runtime call that launched GPU activity `i`, by correlation."""
+        return self.runtime_by_corr.get((self.events[i].get("args") or {}).get("correlation"))
+
+
 @dataclass
 class TraceCase:
     """One trace file: traceq's view of it and the stdlib's, each computed on first use."""
@@ -150,13 +205,16 @@ class TraceCase:
         return traceq.load(self.path)
 
     @cached_property
+    def raw(self) -> Raw:
+        return Raw(self.path)
+
+    @property
     def document(self) -> dict[str, Any]:
-        """The stdlib's decode, with every fractional number kept exact as a `Decimal`."""
-        return read_json(self.path, parse_float=Decimal)
+        return self.raw.document
 
     @property
     def raw_events(self) -> list[Any]:
-        return self.document["traceEvents"]
+        return self.raw.events
 
 
 def corpus_paths(name: str) -> tuple[Path, Path]:
@@ -165,11 +223,6 @@ def corpus_paths(name: str) -> tuple[Path, Path]:
     if not (kineto.is_file() and et.is_file()):
         pytest.skip(f"corpus entry {name} is not recorded")
     return kineto, et
-
-
-def exact_ns(value: Any) -> int:
-    """A trace time in microseconds (number or decimal text) as exact integer ns."""
-    return int(Decimal(str(value)) * 1000)
 
 
 def split_copies(document: dict[str, Any], name: str, pieces: int) -> dict[str, Any]:

@@ -28,7 +28,6 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +36,10 @@ import pytest
 from conftest import (
     GPU_FIXTURES,
     GPU_SOURCES,
+    RAW_GPU_CATS,
     SHARED_TRACES,
+    Raw,
     gpu_fixture,
-    read_json,
     split_copies,
     write_json,
 )
@@ -51,46 +51,9 @@ from traceq.rules.finding import Finding
 ALEXNET = gpu_fixture("hta-alexnet-a100")
 SAMPLED = gpu_fixture("hta-sampled_rank-0")
 EVENT_SYNC = gpu_fixture("hta-event_sync-a100")
-GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"}
 NCCL = re.compile(r"^nccl(Dev)?Kernel_")
 PAGEABLE = re.compile(r"^Memcpy (HtoD|DtoH) \(.*Pageable.*\)")
-
-
-class Raw:
-    """A trace as the stdlib reads it: events by index (= traceq's event id), exact ns."""
-
-    def __init__(self, path: Path | dict[str, Any]) -> None:
-        document = path if isinstance(path, dict) else read_json(path, parse_float=Decimal)
-        self.document = document
-        self.events: list[dict[str, Any]] = document["traceEvents"]
-        self.runtime_by_corr: dict[int, int] = {}
-        for i in self.where(lambda e: e.get("cat") == "cuda_runtime"):
-            corr = self.events[i].get("args", {}).get("correlation")
-            if corr is not None:
-                self.runtime_by_corr.setdefault(corr, i)
-
-    @staticmethod
-    def ns(value: Any) -> int:
-        return int(Decimal(str(value)) * 1000)
-
-    def start(self, i: int) -> int:
-        return self.ns(self.events[i]["ts"])
-
-    def dur(self, i: int) -> int:
-        return self.ns(self.events[i].get("dur", 0))
-
-    def end(self, i: int) -> int:
-        return self.start(i) + self.dur(i)
-
-    def where(self, test: Callable[[dict[str, Any]], bool]) -> list[int]:
-        return [i for i, e in enumerate(self.events) if e.get("ph") == "X" and test(e)]
-
-    def gpu(self) -> list[int]:
-        return self.where(lambda e: e.get("cat") in GPU_CATS)
-
-    def launch_of(self, i: int) -> int | None:
-        return self.runtime_by_corr.get(self.events[i].get("args", {}).get("correlation"))
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +97,7 @@ def test_together_they_carry_the_gpu_side(raw) -> None:
         c: Counter = Counter()
         for i, e in enumerate(r.events):
             cat, name, args = e.get("cat"), str(e.get("name")), e.get("args", {})
-            if cat in GPU_CATS and r.launch_of(i) is not None:
+            if cat in RAW_GPU_CATS and r.launch_of(i) is not None:
                 c["launched"] += 1
             c["ac2g flows"] += cat == "ac2g"
             c["cuda_sync"] += cat == "cuda_sync"
@@ -286,7 +249,7 @@ def test_tq203_reports_many_small_copies_that_one_copy_would_do(raw, tmp_path: P
     assert not [f for f in original if f.evidence["copy_name"] == name]
     doc = split_copies(raw(SAMPLED).document, name, 16)
     path = write_json(doc, tmp_path / "split.json")
-    r = Raw(read_json(path, parse_float=Decimal))
+    r = Raw(path)
     small = [f for f in analyze(traceq.load(path), select="TQ203") if f.severity == "info"]
     assert len(small) == 2 and {f.step for f in small} == {551, 552}
     for finding in small:

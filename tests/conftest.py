@@ -70,6 +70,66 @@ RAW_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 SLOW_FILE_BYTES = 700_000  # compressed size; roughly 40k events
 
 
+# Where the loader puts each event (its documented contract), restated here rather than
+# imported so that a change to the loader cannot silently move the target: complete (ph X)
+# events by lower-cased `cat`, the rest by `ph`, anything else in `other`.
+X_FRAMES = {
+    "cpu_op": "ops",
+    "operator": "ops",
+    "kernel": "kernels",
+    "gpu_memcpy": "kernels",
+    "memcpy": "kernels",
+    "gpu_memset": "kernels",
+    "memset": "kernels",
+    "mtia_ccp_events": "kernels",
+    "cuda_runtime": "runtime",
+    "runtime": "runtime",
+    "cuda_driver": "runtime",
+    "mtia_runtime": "runtime",
+    "user_annotation": "annotations",
+    "gpu_user_annotation": "annotations",
+    "python_function": "python",
+    "cuda_sync": "syncs",
+}
+PHASE_FRAMES = {
+    "s": "flow_points",
+    "t": "flow_points",
+    "f": "flow_points",
+    "i": "instants",
+    "I": "instants",
+    "C": "counters",
+    "M": "threads",
+}
+# The frames that split the events between them: each event is in exactly one.
+PARTITION = tuple(dict.fromkeys([*X_FRAMES.values(), *PHASE_FRAMES.values(), "other"]))
+
+
+def frame_of(event: Any) -> str:
+    """The frame an entry of `traceEvents` belongs in, read from its own `ph` and `cat`."""
+    if not isinstance(event, dict):
+        return "other"
+    ph = event.get("ph")
+    if ph == "X":
+        return X_FRAMES.get(str(event.get("cat") or "").lower(), "other")
+    return PHASE_FRAMES.get(ph, "other") if isinstance(ph, str) else "other"
+
+
+def partition(raw_events: list[Any]) -> dict[str, list[int]]:
+    """frame -> the indexes (= traceq's event ids) of the raw events that belong in it."""
+    expected: dict[str, list[int]] = {name: [] for name in PARTITION}
+    for index, event in enumerate(raw_events):
+        expected[frame_of(event)].append(index)
+    return expected
+
+
+def assert_partition(trace: traceq.Trace, raw_events: list[Any]) -> None:
+    """Each frame of the partition holds exactly the events `frame_of` puts there, so none
+    is lost and none is counted twice."""
+    expected = partition(raw_events)
+    got = {name: sorted(trace.frames[name]["event"].to_list()) for name in PARTITION}
+    assert got == expected
+
+
 def shared_trace_paths() -> list[Path]:
     """Every file under ../shared/traces that looks like a trace (Kineto or not)."""
     if not SHARED_TRACES.is_dir():

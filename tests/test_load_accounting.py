@@ -1,8 +1,9 @@
 """Event accounting: every entry of `traceEvents` lands in exactly one place, none is lost.
 
 Each check compares traceq with an independent count made by the stdlib `json` module over
-the same file, using the category table below (the loader's documented contract, restated
-here rather than imported so that a change to the loader cannot silently move the target).
+the same file, using conftest's category table (`frame_of`: the loader's documented contract,
+restated there rather than imported so that a change to the loader cannot silently move the
+target).
 
 Traces: the project's own `fixtures/` and every Kineto trace in `../shared/traces/`
 (skipped when that folder is absent). Sources and licenses of the shared traces, per
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import PARTITION, assert_partition, frame_of
 from traceq.cli.main import main
 
 import traceq
@@ -31,50 +33,12 @@ import traceq
 if TYPE_CHECKING:
     from conftest import TraceCase
 
-# Lower-cased `cat` of complete (ph X) events -> the frame that models them.
-X_FRAMES = {
-    "cpu_op": "ops",
-    "operator": "ops",
-    "kernel": "kernels",
-    "gpu_memcpy": "kernels",
-    "memcpy": "kernels",
-    "gpu_memset": "kernels",
-    "memset": "kernels",
-    "mtia_ccp_events": "kernels",
-    "cuda_runtime": "runtime",
-    "runtime": "runtime",
-    "cuda_driver": "runtime",
-    "mtia_runtime": "runtime",
-    "user_annotation": "annotations",
-    "gpu_user_annotation": "annotations",
-    "python_function": "python",
-    "cuda_sync": "syncs",
-}
-PHASE_FRAMES = {
-    "s": "flow_points",
-    "t": "flow_points",
-    "f": "flow_points",
-    "i": "instants",
-    "I": "instants",
-    "C": "counters",
-    "M": "threads",
-}
-PARTITION = ("ops", "kernels", "runtime", "annotations", "python", "syncs", "other")
-PARTITION += tuple(sorted(set(PHASE_FRAMES.values())))
 KERNEL_KINDS = {"kernel": "kernel", "mtia_ccp_events": "kernel"}
 STEP = re.compile(r"^ProfilerStep#(\d+)$")
 # Host calls that launch GPU work (CUDA, HIP): the ones that should each have an activity.
 LAUNCH = re.compile(
     r"(?i)^(cuda|cu|hip|hipext)(\w*Launch\w*Kernel\w*|Memcpy\w*Async|Memset\w*Async)"
 )
-
-
-def frame_of(event: dict[str, Any]) -> str:
-    """Where an event belongs, by the loader's contract."""
-    ph = event.get("ph")
-    if ph == "X":
-        return X_FRAMES.get(str(event.get("cat") or "").lower(), "other")
-    return PHASE_FRAMES.get(ph, "other")
 
 
 def args(event: dict[str, Any]) -> dict[str, Any]:
@@ -132,12 +96,7 @@ def test_events_has_one_row_per_trace_event_in_order(kineto_case: TraceCase) -> 
 
 
 def test_each_frame_holds_exactly_the_events_of_its_categories(kineto_case: TraceCase) -> None:
-    expected: dict[str, list[int]] = {name: [] for name in PARTITION}
-    for index, event in enumerate(kineto_case.raw_events):
-        expected[frame_of(event)].append(index)
-    trace = kineto_case.trace
-    for name in PARTITION:
-        assert sorted(trace.frames[name]["event"].to_list()) == expected[name], name
+    assert_partition(kineto_case.trace, kineto_case.raw_events)
 
 
 def test_partition_loses_no_event_and_counts_none_twice(kineto_case: TraceCase) -> None:

@@ -13,26 +13,13 @@ import io
 import json
 from typing import Any
 
-import polars as pl
+from conftest import assert_partition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import traceq
 
 FIELDS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id", "bp", "s", "args")
-PARTITION = (
-    "ops",
-    "kernels",
-    "runtime",
-    "annotations",
-    "python",
-    "syncs",
-    "flow_points",
-    "instants",
-    "counters",
-    "threads",
-    "other",
-)
 ARG_KEYS = (
     "correlation",
     "External id",
@@ -144,8 +131,7 @@ def test_malformed_events_load_completely_or_raise_trace_error(generated: list[A
         assert "\n" not in str(exc)
         return
     assert trace.events.height == len(generated)
-    ids = pl.concat([trace.frames[name]["event"] for name in PARTITION])
-    assert sorted(ids.to_list()) == list(range(len(generated)))
+    assert_partition(trace, generated)
     trace.unlinked  # noqa: B018 - computing the counts must not fail either
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from conftest import dumps_exact
+from conftest import assert_partition, dumps_exact
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_load_linking import expected_launches
@@ -38,19 +38,6 @@ from traceq.analyze import analysis
 from traceq.regression.summary import summarize
 from traceq.reports import build_report, render
 
-PARTITION = (
-    "ops",
-    "kernels",
-    "runtime",
-    "annotations",
-    "python",
-    "syncs",
-    "flow_points",
-    "instants",
-    "counters",
-    "threads",
-    "other",
-)
 OP_NAMES = [
     "aten::linear",
     "aten::addmm",
@@ -281,10 +268,9 @@ def as_json(events: list[dict[str, Any]]) -> bytes:
 def test_valid_events_with_junk_inside_load_link_and_analyze(events: list[dict[str, Any]]) -> None:
     trace = traceq.load(io.BytesIO(as_json(events)))
     raw = json.loads(as_json(events), parse_float=Decimal)["traceEvents"]
-    # every event accounted once, times exact to the ns
+    # every event in the one frame its ph and cat name, times exact to the ns
     assert trace.events.height == len(raw)
-    ids = pl.concat([trace.frames[name]["event"] for name in PARTITION])
-    assert sorted(ids.to_list()) == list(range(len(raw)))
+    assert_partition(trace, raw)
     timed = trace.events.filter(pl.col("ts_ns").is_not_null())
     for i, ts_ns, dur_ns in timed.select("event", "ts_ns", "dur_ns").iter_rows():
         assert ts_ns == int(Decimal(str(raw[i]["ts"])) * 1000)

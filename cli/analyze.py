@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any
 import click
 from traceq.cli import jobs
 from traceq.cli.common import (
+    JobEngine,
+    format_option,
+    job_options,
     load,
-    output_path,
+    output_option,
     progress,
     rule_options,
     split_codes,
@@ -38,16 +41,14 @@ if TYPE_CHECKING:
 @click.command()
 @traces_argument
 @rule_options
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@format_option(FORMATS)
 @click.option(
     "--fail-on",
     type=click.Choice(SEVERITIES),
     default=None,
     help="exit 1 when a finding has this severity or higher",
 )
-@click.option(
-    "-o", "--output", type=click.Path(), callback=output_path, help="write here, not stdout"
-)
+@output_option("write here, not stdout")
 @click.option(
     "--config",
     "config_path",
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     help="prove each fusion finding's fix: record the split and the zoo's fused version at "
     "its shapes and show the rule is gone (needs torch; slow on a CPU)",
 )
-@jobs.job_options
+@job_options
 def analyze(
     trace: tuple[str, ...],
     select: tuple[str, ...],
@@ -73,9 +74,7 @@ def analyze(
     config_path: str | None,
     no_config: bool,
     check_fixes: bool,
-    engine: str,
-    address: str | None,
-    workers: int | None,
+    engine: JobEngine,
 ) -> None:
     """Find fusion opportunities and overhead in TRACE, with evidence and estimated savings.
 
@@ -101,8 +100,6 @@ def analyze(
             output=output,
             render_options=_render_options(fmt, output),
             engine=engine,
-            address=address,
-            workers=workers,
         )
         _fail_on(found, fail_on or config.fail_on)
         return

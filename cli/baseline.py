@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 from traceq.cli import jobs
-from traceq.cli.common import load, output_path, trace_argument, writing
+from traceq.cli.common import load, output_option, trace_argument, writing
 
 from traceq.regression.baseline import save_baseline
 from traceq.regression.summary import summarize
@@ -17,14 +17,7 @@ def baseline() -> None:
 
 @baseline.command()
 @trace_argument
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(),
-    callback=output_path,
-    required=True,
-    help="where to write the baseline JSON",
-)
+@output_option("where to write the baseline JSON", required=True)
 @click.option(
     "--findings/--no-findings",
     default=None,

@@ -6,7 +6,7 @@ import sys
 
 import click
 from traceq.cli import jobs
-from traceq.cli.common import progress, trace_argument
+from traceq.cli.common import format_option, progress, trace_argument
 
 from traceq.regression.check import check as run_check
 from traceq.regression.check import parse_ratio
@@ -37,7 +37,7 @@ from traceq.regression.render import FORMATS, render_check
     "repeat for several. Default: step, gpu and every group with >= 1% of the time",
 )
 @click.option("--fail-on-new-findings", is_flag=True, help="also fail when a finding appears")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@format_option(FORMATS)
 def check(
     trace: str,
     baseline_path: str,

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 import traceq
 import traceq.loader.load
 from traceq import Trace, TraceError
+from traceq.job.engine import ENGINES
 
-FORMAT = click.Choice(["text", "json"])
+if TYPE_CHECKING:
+    from traceq.relations.critical_path import Region
+
+FORMATS = ("text", "json")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -111,6 +117,16 @@ def writing(path: str | os.PathLike[str]) -> Iterator[None]:
         raise cannot_write(path, reason[:1].lower() + reason[1:]) from None
 
 
+def rule_selection(command: F) -> F:
+    """`--select` and `--ignore`: which rules run (`annotate`; with `--option`, `rule_options`)."""
+    command = click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")(
+        command
+    )
+    return click.option(
+        "--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)"
+    )(command)
+
+
 def rule_options(command: F) -> F:
     """`--select`, `--ignore` and `--option` as `analyze` takes them (also `report`)."""
     command = click.option(
@@ -120,12 +136,115 @@ def rule_options(command: F) -> F:
         metavar="CODE.NAME=VALUE",
         help="a rule threshold, e.g. TQ201.min_gap_us=5 (repeatable)",
     )(command)
-    command = click.option("--ignore", multiple=True, help="rule codes or prefixes to skip")(
-        command
-    )
+    return rule_selection(command)
+
+
+def format_option(choices: Sequence[str] = FORMATS) -> Callable[[F], F]:
+    """`--format` (as `fmt`), one of `choices`, text by default."""
     return click.option(
-        "--select", multiple=True, help="rule codes or prefixes to run (e.g. TQ1,TQ201)"
-    )(command)
+        "--format", "fmt", type=click.Choice(choices), default="text", show_default=True
+    )
+
+
+def output_option(help: str, **settings: Any) -> Callable[[F], F]:
+    """`-o/--output`, checked as soon as options are parsed (`output_path`); `help` and
+    `settings` (`required`, `default`) say what this command writes there."""
+    return click.option(
+        "-o", "--output", type=click.Path(), callback=output_path, help=help, **settings
+    )
+
+
+@dataclass(frozen=True)
+class JobEngine:
+    """Where a job's per-rank work runs: `--engine`, `--address` (Ray), `--workers`."""
+
+    name: str = "local"
+    address: str | None = None
+    workers: int | None = None
+
+
+def job_options(command: F) -> F:
+    """`--engine`, `--address` and `--workers`, handed to the command as one `engine`
+    (a `JobEngine`), so neither the commands nor `cli.jobs` spell out all three."""
+
+    @functools.wraps(command)
+    def run(*args: Any, engine: str, address: str | None, workers: int | None, **kwargs: Any):
+        return command(*args, engine=JobEngine(engine, address, workers), **kwargs)
+
+    options = (
+        click.option(
+            "--engine",
+            type=click.Choice(ENGINES),
+            default="local",
+            show_default=True,
+            help="job: where per-rank work runs (local processes, this process, or Ray)",
+        ),
+        click.option("--address", help="job: a Ray cluster's address (--engine ray)"),
+        click.option(
+            "--workers",
+            type=click.IntRange(min=1),
+            help="job: processes (default: by cores, memory)",
+        ),
+    )
+    for option in reversed(options):
+        run = option(run)
+    return run  # type: ignore[return-value]
+
+
+def region_options(command: F) -> F:
+    """`--step`, `--annotation` (+ `--instance`) or `--window`, handed to the command as one
+    `region` (`region_of`): the part of the trace whose critical path is asked for."""
+
+    @functools.wraps(command)
+    def run(
+        *args: Any,
+        step: int | None,
+        annotation: str | None,
+        instance: int,
+        window: tuple[int, int] | None,
+        **kwargs: Any,
+    ):
+        return command(*args, region=region_of(step, annotation, instance, window), **kwargs)
+
+    options = (
+        click.option("--step", type=int, help="Critical path of this ProfilerStep only."),
+        click.option(
+            "--annotation", help="Critical path of this annotation (record_function) or op only."
+        ),
+        click.option(
+            "--instance",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Which annotation (0: the first).",
+        ),
+        click.option(
+            "--window",
+            nargs=2,
+            type=int,
+            metavar="START_NS END_NS",
+            help="Critical path of this time window only.",
+        ),
+    )
+    for option in reversed(options):
+        run = option(run)
+    return run  # type: ignore[return-value]
+
+
+def region_of(
+    step: int | None, annotation: str | None, instance: int, window: tuple[int, int] | None
+) -> Region:
+    """The one region `--step`, `--annotation` (+ `--instance`) or `--window` names."""
+    chosen = [x for x in (step, annotation, window) if x is not None]
+    if len(chosen) > 1:
+        raise TraceError("choose one of --step, --annotation and --window")
+    if step is not None:
+        return step
+    if annotation is not None:
+        return (annotation, instance)
+    if window is not None:
+        return (int(window[0]), int(window[1]))
+    return None
 
 
 def split_codes(values: tuple[str, ...]) -> list[str]:

@@ -6,9 +6,16 @@ import click
 from rich.console import Console
 from rich.table import Table
 from traceq.cli import jobs
-from traceq.cli.common import FORMAT, echo_json, load, traces_argument
+from traceq.cli.common import (
+    JobEngine,
+    echo_json,
+    format_option,
+    job_options,
+    load,
+    region_options,
+    traces_argument,
+)
 
-from traceq import TraceError
 from traceq.relations import critical_path as paths
 from traceq.relations.critical_path import Region
 
@@ -26,34 +33,19 @@ LABELS = {
 
 @click.command("critical-path")
 @traces_argument
-@click.option("--step", type=int, help="A ProfilerStep number.")
-@click.option("--annotation", help="An annotation (record_function) or op name.")
-@click.option("--instance", type=int, default=0, show_default=True, help="Which annotation.")
-@click.option(
-    "--window", nargs=2, type=int, metavar="START_NS END_NS", help="A time window, in ns."
-)
+@region_options
 @click.option("--top", "top_n", type=int, default=10, show_default=True)
-@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
-@jobs.job_options
+@format_option()
+@job_options
 def critical_path(
-    trace: tuple[str, ...],
-    step: int | None,
-    annotation: str | None,
-    instance: int,
-    window: tuple[int, int] | None,
-    top_n: int,
-    fmt: str,
-    engine: str,
-    address: str | None,
-    workers: int | None,
+    trace: tuple[str, ...], region: Region, top_n: int, fmt: str, engine: JobEngine
 ) -> None:
     """Show the critical path of TRACE (the whole trace, a step, an annotation or a
     window): its length, what it is made of, and the events with most time on it.
 
     TRACE may be a job (a directory, a glob, several files): one path per rank."""
-    region = region_of(step, annotation, instance, window)
     if jobs.is_job(trace):
-        return jobs.critical_path(trace, region, top_n, fmt, engine, address, workers)
+        return jobs.critical_path(trace, region, top_n, fmt, engine)
     path = paths.critical_path(load(trace[0]), region)
     data = path.to_dict(top=top_n)
     if fmt == "json":
@@ -89,19 +81,3 @@ def critical_path(
             f"{row['pct']:.1f}",
         )
     console.print(heaviest)
-
-
-def region_of(
-    step: int | None, annotation: str | None, instance: int, window: tuple[int, int] | None
-) -> Region:
-    """The one region `--step`, `--annotation` (+ `--instance`) or `--window` names."""
-    chosen = [x for x in (step, annotation, window) if x is not None]
-    if len(chosen) > 1:
-        raise TraceError("choose one of --step, --annotation and --window")
-    if step is not None:
-        return step
-    if annotation is not None:
-        return (annotation, instance)
-    if window is not None:
-        return (int(window[0]), int(window[1]))
-    return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 from traceq.cli import jobs
-from traceq.cli.common import progress
+from traceq.cli.common import format_option, progress
 
 from traceq.regression.baseline import load_summary
 from traceq.regression.diff import BY
@@ -22,7 +22,7 @@ from traceq.regression.render import FORMATS, TOP, render_diff
     show_default=True,
     help="group by op (works across devices), kernel name, module path, or step",
 )
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@format_option(FORMATS)
 @click.option(
     "--top",
     type=click.IntRange(min=1),

@@ -6,24 +6,29 @@ import click
 from rich.console import Console
 from rich.table import Table
 from traceq.cli import jobs
-from traceq.cli.common import FORMAT, echo_json, load, traces_argument
+from traceq.cli.common import (
+    JobEngine,
+    echo_json,
+    format_option,
+    job_options,
+    load,
+    traces_argument,
+)
 
 from traceq.reports.summary import summary
 
 
 @click.command()
 @traces_argument
-@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
-@jobs.job_options
-def info(
-    trace: tuple[str, ...], fmt: str, engine: str, address: str | None, workers: int | None
-) -> None:
+@format_option()
+@job_options
+def info(trace: tuple[str, ...], fmt: str, engine: JobEngine) -> None:
     """Show what TRACE holds: events by category, ops, kernels, steps, devices, links.
 
     TRACE may be a job (a directory, a glob, several files): ranks, process groups, the
     per-rank step breakdown, collectives and clock alignment."""
     if jobs.is_job(trace):
-        return jobs.info(trace, fmt, engine, address, workers)
+        return jobs.info(trace, fmt, engine)
     data = summary(load(trace[0]))
     if fmt == "json":
         echo_json(data)

@@ -2,8 +2,9 @@
 
 Each command keeps its single-trace path; when its TRACE arguments name a job
 (`is_job`), it hands over to the function here of the same name, which loads the job,
-runs the library's map and reduce, and renders. Options shared by every job command:
-`--engine local|serial|ray`, `--address` (a Ray cluster) and `--workers`.
+runs the library's map and reduce, and renders. Where the per-rank work runs comes from
+the command's `--engine`, `--address` and `--workers` (`common.job_options`) as one
+`JobEngine`.
 """
 
 from __future__ import annotations
@@ -17,25 +18,9 @@ import click
 import polars as pl
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import echo_json, progress, writing
+from traceq.cli.common import JobEngine, echo_json, progress, writing
 
 from traceq.job import Job, load_job
-from traceq.job.engine import ENGINES
-
-
-def job_options(command: Any) -> Any:
-    """`--engine`, `--address`, `--workers`: where a job's per-rank work runs."""
-    command = click.option(
-        "--workers", type=click.IntRange(min=1), help="job: processes (default: by cores, memory)"
-    )(command)
-    command = click.option("--address", help="job: a Ray cluster's address (--engine ray)")(command)
-    return click.option(
-        "--engine",
-        type=click.Choice(ENGINES),
-        default="local",
-        show_default=True,
-        help="job: where per-rank work runs (local processes, this process, or Ray)",
-    )(command)
 
 
 def is_job(paths: tuple[str, ...]) -> bool:
@@ -43,9 +28,9 @@ def is_job(paths: tuple[str, ...]) -> bool:
     return len(paths) > 1 or any(Path(p).is_dir() or glob.has_magic(p) for p in paths)
 
 
-def open_job(paths: tuple[str, ...], engine: str, address: str | None, workers: int | None) -> Job:
+def open_job(paths: tuple[str, ...], engine: JobEngine) -> Job:
     source: Any = list(paths) if len(paths) > 1 else paths[0]
-    return load_job(source, engine=engine, address=address, workers=workers)
+    return load_job(source, engine=engine.name, address=engine.address, workers=engine.workers)
 
 
 def _span(ranks: list[int]) -> str:
@@ -59,10 +44,10 @@ def _us(ns: float | None) -> str:
     return f"{(ns or 0) / 1e3:,.1f}"
 
 
-def info(paths: tuple[str, ...], fmt: str, engine: str, address: str | None, workers: int | None):
+def info(paths: tuple[str, ...], fmt: str, engine: JobEngine) -> None:
     """`traceq info DIR`: ranks, world size, process groups, per-rank step breakdown,
     collectives, clock alignment, and every oddity of the job."""
-    job = open_job(paths, engine, address, workers)
+    job = open_job(paths, engine)
     with progress(f"Loading {len(job.files)} ranks ..."):
         frames = job.frames
     per_rank = (
@@ -147,9 +132,7 @@ def analyze(
     fmt: str,
     output: str | None,
     render_options: dict[str, object],
-    engine: str,
-    address: str | None,
-    workers: int | None,
+    engine: JobEngine,
 ) -> list[Any]:
     """`traceq analyze DIR`: per-rank rules (mapped) and TQ4xx across ranks, one report.
     Returns the findings (the caller applies --fail-on)."""
@@ -157,7 +140,7 @@ def analyze(
     from traceq.reports import render
     from traceq.reports.model import job_report
 
-    job = open_job(paths, engine, address, workers)
+    job = open_job(paths, engine)
     with progress(f"Analyzing {len(job.files)} ranks ..."):
         result = analyze_job(job, select=select, ignore=ignore, config=config, options=options)
     source = str(paths[0]) if len(paths) == 1 else ", ".join(paths)
@@ -183,12 +166,10 @@ def critical_path(
     region: Any,
     top_n: int,
     fmt: str,
-    engine: str,
-    address: str | None,
-    workers: int | None,
+    engine: JobEngine,
 ) -> None:
     """`traceq critical-path DIR`: each rank's critical path (mapped), longest first."""
-    job = open_job(paths, engine, address, workers)
+    job = open_job(paths, engine)
     with progress(f"Critical paths of {len(job.files)} ranks ..."):
         outcomes = job.map(_critical_path_task, region, top_n)
     per_rank = {o.rank: o.value for o in outcomes if o.error is None}

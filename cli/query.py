@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 import polars as pl
-from traceq.cli.common import load, trace_argument
+from traceq.cli.common import format_option, load, trace_argument
 
 from traceq import TraceError
 
@@ -16,7 +16,7 @@ class QueryError(TraceError):
 @click.command()
 @trace_argument
 @click.argument("sql")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text")
+@format_option(("text", "json", "csv"))
 @click.option("--limit", type=int, default=50, show_default=True, help="Rows shown as text.")
 def query(trace: str, sql: str, fmt: str, limit: int) -> None:
     """Run SQL over TRACE's frames: events, ops, kernels, runtime, annotations, steps,

@@ -17,7 +17,9 @@ from typing import Any
 import click
 from traceq.cli import jobs
 from traceq.cli.common import (
-    output_path,
+    JobEngine,
+    job_options,
+    output_option,
     progress,
     rule_options,
     split_codes,
@@ -31,26 +33,16 @@ from traceq.rules.config import parse_options
 
 @click.command()
 @traces_argument
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(),
-    callback=output_path,
-    default="report.html",
-    show_default=True,
-    help="the HTML file to write",
-)
+@output_option("the HTML file to write", default="report.html", show_default=True)
 @rule_options
-@jobs.job_options
+@job_options
 def report(
     trace: tuple[str, ...],
     output: str,
     select: tuple[str, ...],
     ignore: tuple[str, ...],
     options: tuple[str, ...],
-    engine: str,
-    address: str | None,
-    workers: int | None,
+    engine: JobEngine,
 ) -> None:
     """Write an HTML report of TRACE (a trace file, or a job: a directory of rank traces,
     a glob, several files)."""
@@ -59,7 +51,7 @@ def report(
     parsed = parse_options(options)
     source: Any = trace[0]
     if jobs.is_job(trace):
-        source = jobs.open_job(trace, engine, address, workers)  # lists ranks: errors now
+        source = jobs.open_job(trace, engine)  # lists ranks: errors now
     elif not Path(source).exists():
         raise TraceFileError(f"{source}: no such file or directory")
     start = time.perf_counter()

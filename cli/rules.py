@@ -5,14 +5,14 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import FORMAT, echo_json
+from traceq.cli.common import echo_json, format_option
 
 from traceq.rules.config import ConfigError
 from traceq.rules.engine import discover
 
 
 @click.command()
-@click.option("--format", "fmt", type=FORMAT, default="text", show_default=True)
+@format_option()
 def rules(fmt: str) -> None:
     """List every rule: built-in and from installed plugins, with its options."""
     ruleset = discover()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from rich.console import Console
 from rich.table import Table
+from traceq.cli.common import cannot_write, format_option, writing
 
 if TYPE_CHECKING:
     from traceq.zoo.check import CheckReport
@@ -35,8 +36,6 @@ def _keep_folder(ctx: click.Context, param: click.Parameter, value: str | None) 
     be, before minutes of recording."""
     if value is None:
         return value
-    from traceq.cli.common import cannot_write, writing
-
     if Path(value).exists() and not Path(value).is_dir():
         raise cannot_write(value, "it is not a directory")
     with writing(value):
@@ -44,6 +43,30 @@ def _keep_folder(ctx: click.Context, param: click.Parameter, value: str | None) 
     if not os.access(value, os.W_OK):
         raise cannot_write(value, "permission denied")
     return value
+
+
+def _case_options(command: Any) -> Any:
+    """`--shape`, `--act`, `--dtype` and `--device`: the case `check` and `verify` run."""
+    options = (
+        click.option(
+            "--shape", required=True, help="M,K,N: rows, input features, output features."
+        ),
+        click.option(
+            "--act", default="gelu", show_default=True, help="gelu, gelu_tanh, relu, silu, none"
+        ),
+        click.option(
+            "--dtype", default="float32", show_default=True, help="float32, tf32, bf16, ..."
+        ),
+        click.option(
+            "--device",
+            type=click.Choice(["cpu", "cuda"]),
+            default=None,
+            help="default: cuda if present",
+        ),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 def _console() -> Console:
@@ -85,9 +108,7 @@ def zoo() -> None:
 
 
 @zoo.command("list")
-@click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+@format_option()
 def list_entries(fmt: str) -> None:
     """List every zoo entry (built-in and plugins) and whether it can run here."""
     found = _discover(None)
@@ -189,20 +210,13 @@ def _render_check(report: CheckReport) -> None:
 
 @zoo.command("check")
 @click.argument("pattern")
-@click.option("--shape", required=True, help="M,K,N: rows, input features, output features.")
-@click.option("--act", default="gelu", show_default=True, help="gelu, gelu_tanh, relu, silu, none")
-@click.option("--dtype", default="float32", show_default=True, help="float32, tf32, bf16, ...")
-@click.option(
-    "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="default: cuda if present"
-)
+@_case_options
 @click.option(
     "--entry", "select", multiple=True, help="Only this entry (name or impl); repeatable."
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-timing", is_flag=True, help="Check numerics only.")
-@click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+@format_option()
 def check_pattern(
     pattern: str,
     shape: str,
@@ -289,12 +303,7 @@ def _step_time(stats: TraceStats) -> str:
 
 @zoo.command("verify")
 @click.argument("pattern")
-@click.option("--shape", required=True, help="M,K,N: rows, input features, output features.")
-@click.option("--act", default="gelu", show_default=True, help="gelu, gelu_tanh, relu, silu, none")
-@click.option("--dtype", default="float32", show_default=True, help="float32, tf32, bf16, ...")
-@click.option(
-    "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="default: cuda if present"
-)
+@_case_options
 @click.option("--entry", default=None, help="The fused entry to record (default: the best here).")
 @click.option("--variant", default=None, help="mlp: plain (Linear->act->Linear) or gated (GLU).")
 @click.option(
@@ -311,9 +320,7 @@ def _step_time(stats: TraceStats) -> str:
     default=None,
     help="Keep the two recorded traces in this directory (made when missing).",
 )
-@click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
-)
+@format_option()
 def verify_pattern(
     pattern: str,
     shape: str,

@@ -6,7 +6,7 @@ import sys
 
 import click
 from traceq.cli import jobs
-from traceq.cli.common import format_option, progress, trace_argument
+from traceq.cli.common import cache_choice, format_option, progress, trace_argument
 
 from traceq.regression.check import check as run_check
 from traceq.regression.check import parse_ratio
@@ -57,6 +57,7 @@ def check(
             max_regress=max_regress,
             metrics=list(metrics) or None,
             fail_on_new_findings=fail_on_new_findings,
+            cache=cache_choice(),
         )
     click.echo(render_check(result, fmt), nl=False)
     if result.failed:

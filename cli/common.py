@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from traceq.relations.critical_path import Region
 
 FORMATS = ("text", "json")
+NO_CACHE = "traceq.no_cache"  # the click context's `meta` key `--no-cache` sets
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -52,20 +53,18 @@ def _no_cache_option(command: F) -> F:
 
 
 def _no_cache(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    """`TRACEQ_CACHE=0` while this command runs, so every load in it (the library's too)
-    skips the cache; restored when the command ends (tests run many in one process)."""
-    if not value:
-        return
-    previous = os.environ.get("TRACEQ_CACHE")
-    os.environ["TRACEQ_CACHE"] = "0"
+    """`--no-cache`: noted on the command's click context, where `cache_choice` reads it for
+    every load the command makes (the library's too, through their `cache` parameters).
+    Nothing global changes: not `TRACEQ_CACHE`, which keeps working on its own."""
+    if value:
+        ctx.meta[NO_CACHE] = True
 
-    def restore() -> None:
-        if previous is None:
-            os.environ.pop("TRACEQ_CACHE", None)
-        else:
-            os.environ["TRACEQ_CACHE"] = previous
 
-    ctx.call_on_close(restore)
+def cache_choice() -> bool | None:
+    """The `cache` to pass to `traceq.load` and the library: False under `--no-cache`,
+    else None (the library's default: on unless `TRACEQ_CACHE=0`)."""
+    ctx = click.get_current_context(silent=True)
+    return False if ctx is not None and ctx.meta.get(NO_CACHE) else None
 
 
 class OutputError(TraceError):
@@ -274,9 +273,9 @@ def load(path: str) -> Trace:
     """Load a trace, with a progress bar on stderr when it is a terminal (not in pipes, CI)."""
     console = _terminal()
     if console is None:
-        return traceq.load(path)
+        return traceq.load(path, cache=cache_choice())
     with LoadBar(path, console) as bar:
-        return traceq.load(path, progress=bar.update)
+        return traceq.load(path, cache=cache_choice(), progress=bar.update)
 
 
 def _terminal() -> Any:

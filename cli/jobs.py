@@ -18,7 +18,7 @@ import click
 import polars as pl
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import JobEngine, echo_json, progress, writing
+from traceq.cli.common import JobEngine, cache_choice, echo_json, progress, writing
 
 from traceq.job import Job, load_job
 
@@ -30,7 +30,13 @@ def is_job(paths: tuple[str, ...]) -> bool:
 
 def open_job(paths: tuple[str, ...], engine: JobEngine) -> Job:
     source: Any = list(paths) if len(paths) > 1 else paths[0]
-    return load_job(source, engine=engine.name, address=engine.address, workers=engine.workers)
+    return load_job(
+        source,
+        engine=engine.name,
+        address=engine.address,
+        workers=engine.workers,
+        cache=cache_choice(),
+    )
 
 
 def _span(ranks: list[int]) -> str:
@@ -158,7 +164,7 @@ def _critical_path_task(task: Any, region: Any, top: int) -> dict[str, Any]:
     from traceq.pipeline import load
     from traceq.relations.critical_path import critical_path
 
-    return critical_path(load(task.path), region).to_dict(top=top)
+    return critical_path(load(task.path, cache=task.cache), region).to_dict(top=top)
 
 
 def critical_path(
@@ -239,7 +245,7 @@ def baseline_save(paths: str, output: str, findings: bool | None) -> None:
     from traceq.regression.jobs import save_job_baseline
 
     with progress(f"Summarizing {paths} ..."):
-        summaries = save_job_baseline(load_job(paths), output, findings)
+        summaries = save_job_baseline(load_job(paths, cache=cache_choice()), output, findings)
     click.echo(
         f"wrote {output}: job baseline of {len(summaries.ranks)} ranks, "
         f"{len(summaries.steps)} common steps"
@@ -251,7 +257,7 @@ def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fm
     from traceq.regression.jobs import check_job
 
     with progress(f"Checking {trace} ..."):
-        result = check_job(trace, baseline, limit, metrics)
+        result = check_job(trace, baseline, limit, metrics, cache=cache_choice())
     if fmt == "json":
         echo_json(result.to_dict())
     else:

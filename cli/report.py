@@ -18,6 +18,7 @@ import click
 from traceq.cli import jobs
 from traceq.cli.common import (
     JobEngine,
+    cache_choice,
     job_options,
     output_option,
     progress,
@@ -62,6 +63,7 @@ def report(
             select=split_codes(select) or None,
             ignore=split_codes(ignore),
             options=parsed,
+            cache=cache_choice(),
         )
     size = path.stat().st_size / 1e6
     click.echo(f"wrote {path} ({size:.1f} MB, {time.perf_counter() - start:.1f} s)", err=True)

@@ -50,7 +50,7 @@ def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
 
     ruleset = _ruleset()
     rules = any(r.scope == "trace" for r in selected(ruleset.rules, config))
-    trace = load_for_map(task.path, rules=rules)
+    trace = load_for_map(task.path, rules=rules, cache=task.cache)
     summary = summarize(trace, task.rank, task.rank_source)
     analysis = run(trace, config, ruleset=ruleset)
     summary.extra["device"] = analysis.device.to_dict()

@@ -732,7 +732,8 @@ def run_plan(plan: Plan, *, steps: int = 3, keep: str | Path | None = None) -> V
                 variant=plan.variant,
                 zoo=zoo,
             )
-            loaded = traceq.load(path)
+            # a recording in the temporary folder is never loaded again: not worth caching
+            loaded = traceq.load(path, cache=None if keep is not None else False)
             kept = str(path) if keep is not None else None
             stats.append(trace_stats(loaded, entry, plan.device, plan.rules, kept))
     split, fused = stats

@@ -33,6 +33,7 @@ class Task:
     rank: int
     rank_source: str
     size_bytes: int = 0
+    cache: bool | None = None  # the job's `cache`: False skips the columnar cache in the map
 
 
 @dataclass

@@ -33,7 +33,8 @@ def summarize_task(task: Task) -> RankSummary:
     """Map step of `Job.frames`: load one rank and reduce it to its `RankSummary`."""
     from traceq.job.rankload import load_for_map
 
-    return summarize(load_for_map(task.path, rules=False), task.rank, task.rank_source)
+    trace = load_for_map(task.path, rules=False, cache=task.cache)
+    return summarize(trace, task.rank, task.rank_source)
 
 
 @dataclass
@@ -163,11 +164,13 @@ class Job:
         workers: int | None = None,
         address: str | None = None,
         align: str = "auto",
+        cache: bool | None = None,
     ) -> None:
         self.source = ", ".join(map(str, src)) if isinstance(src, (list, tuple)) else str(src)
         self.paths = trace_paths(src)
         self.files, self.problems = rank_files(self.paths)
         self.engine, self.workers, self.address, self.align = engine, workers, address, align
+        self.cache = cache
         self._traces: dict[int, Trace] = {}
         self.worker_peak_rss_mb = 0.0
         self.map_cpu_s = 0.0  # CPU seconds of the last map, summed over ranks (all processes)
@@ -240,7 +243,7 @@ class Job:
         if rank not in self._traces:
             from traceq.pipeline import load
 
-            self._traces[rank] = load(self.path(rank))
+            self._traces[rank] = load(self.path(rank), cache=self.cache)
         return self._traces[rank]
 
     @property
@@ -250,7 +253,7 @@ class Job:
         return [self.trace(rank) for rank in self.ranks]
 
     def tasks(self) -> list[Task]:
-        return [Task(f.path, f.rank, f.rank_source, f.size_bytes) for f in self.files]
+        return [Task(f.path, f.rank, f.rank_source, f.size_bytes, self.cache) for f in self.files]
 
     def map(self, fn: Any, *args: Any) -> list[Outcome]:
         """`fn(task, *args)` per rank on this job's engine; failed ranks are noted."""
@@ -282,6 +285,7 @@ def load_job(src: JobSource, **options: Any) -> Job:
 
     Options: `engine` ('local' processes, 'serial', or 'ray'), `workers`, `address` (a Ray
     cluster), `align` ('auto': shift a rank's clock only when its collectives say it
-    measurably differs; 'collectives': always; 'none'). Nothing is loaded until asked.
+    measurably differs; 'collectives': always; 'none'), `cache` (as `traceq.load`'s, for
+    every rank's load, in whichever process it runs). Nothing is loaded until asked.
     """
     return Job(src, **options)

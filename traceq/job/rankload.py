@@ -168,11 +168,12 @@ def _kind(cats: dict[str, str], default: str) -> pl.Expr:
     return pl.col(F.CATEGORY_KEY).replace_strict(cats, default=default).alias("kind")
 
 
-def load_for_map(path: str, *, rules: bool) -> Trace:
+def load_for_map(path: str, *, rules: bool, cache: bool | None = None) -> Trace:
     """The trace a job's map works on: the full `traceq.load` when single-trace `rules` will
     run on it or the columnar cache is on (a cached load is faster still, and a cold one
-    fills the cache for the next run); else `load_rank`, the light cold load."""
-    from traceq.loader import cache
+    fills the cache for the next run); else `load_rank`, the light cold load. `cache` as
+    `traceq.load`'s."""
+    from traceq.loader.cache import enabled
     from traceq.pipeline import load
 
-    return load(path) if rules or cache.enabled() else load_rank(path)
+    return load(path, cache=cache) if rules or enabled(cache) else load_rank(path)

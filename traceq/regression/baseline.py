@@ -295,10 +295,13 @@ def _int_list(container: dict[str, Any], key: str, where: str) -> list[int]:
     return [_int(v, f"{where}.{key}") for v in value]
 
 
-def load_summary(path: str | os.PathLike[str], findings: bool | None = None) -> Summary:
-    """A baseline file or a full trace, whichever `path` holds, as a `Summary`."""
+def load_summary(
+    path: str | os.PathLike[str], findings: bool | None = None, cache: bool | None = None
+) -> Summary:
+    """A baseline file or a full trace, whichever `path` holds, as a `Summary` (`cache` as
+    `traceq.load`'s)."""
     if is_baseline_file(path):
         return load_baseline(path)
     from traceq.pipeline import load
 
-    return summarize(load(path), findings=findings)
+    return summarize(load(path, cache=cache), findings=findings)

@@ -123,15 +123,17 @@ def check(
     metrics: list[str] | None = None,
     fail_on_new_findings: bool = False,
     min_share: float = MIN_SHARE,
+    cache: bool | None = None,
 ) -> CheckResult:
     """Compare `trace` with `baseline` (a baseline file, a trace file, a `Trace` or a
-    `Summary`); see the module docstring for what is checked and when it fails."""
+    `Summary`); see the module docstring for what is checked and when it fails. `cache`
+    as `traceq.load`'s, for the trace files it loads."""
     limit = parse_ratio(max_regress)
-    base = _summary(baseline, findings=fail_on_new_findings)
+    base = _summary(baseline, findings=fail_on_new_findings, cache=cache)
     # Findings cost an analysis: run it when asked to fail on them, or when the baseline
     # has findings to report against.
     wanted = True if fail_on_new_findings else (None if base.findings is not None else False)
-    new = _summary(trace, findings=wanted)
+    new = _summary(trace, findings=wanted, cache=cache)
     if fail_on_new_findings and base.findings is None:
         raise RegressionError(
             "the baseline holds no findings (saved without the analyzer): save it again "
@@ -262,7 +264,7 @@ def _samples(summary: Summary, selected: Selected, per_step: bool) -> np.ndarray
     return summary.samples(dim, names, per_step=per_step).sum(axis=0)
 
 
-def _summary(source: Source, findings: bool | None) -> Summary:
+def _summary(source: Source, findings: bool | None, cache: bool | None) -> Summary:
     if isinstance(source, Summary | Trace):
         return as_summary(source, findings=findings)
-    return load_summary(source, findings=findings)
+    return load_summary(source, findings=findings, cache=cache)

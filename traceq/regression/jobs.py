@@ -60,7 +60,7 @@ def _summary_task(task: Task, findings: bool | None) -> Summary:
     from traceq.pipeline import load
     from traceq.regression.summary import summarize
 
-    return summarize(load(task.path), findings=findings)
+    return summarize(load(task.path, cache=task.cache), findings=findings)
 
 
 def job_summaries(job: Job, findings: bool | None = None) -> JobSummaries:
@@ -125,7 +125,9 @@ def load_job_baseline(path: str | os.PathLike[str]) -> JobSummaries:
     return JobSummaries(name, summaries, int(document.get("world_size") or len(summaries)))
 
 
-def as_job_summaries(source: Job | JobSummaries | str, findings: bool | None = None):
+def as_job_summaries(
+    source: Job | JobSummaries | str, findings: bool | None = None, cache: bool | None = None
+):
     if isinstance(source, JobSummaries):
         return source
     if isinstance(source, Job):
@@ -134,7 +136,7 @@ def as_job_summaries(source: Job | JobSummaries | str, findings: bool | None = N
         return load_job_baseline(source)
     from traceq.job import load_job
 
-    return job_summaries(load_job(source), findings)
+    return job_summaries(load_job(source, cache=cache), findings)
 
 
 @dataclass
@@ -217,10 +219,15 @@ class JobCheck:
 
 
 def check_job(
-    new: Any, baseline: Any, max_regress: float = 0.05, metrics: list[str] | None = None
+    new: Any,
+    baseline: Any,
+    max_regress: float = 0.05,
+    metrics: list[str] | None = None,
+    cache: bool | None = None,
 ) -> JobCheck:
-    """The CI gate for a job: each rank against its baseline, and the job's step time."""
-    b, n = as_job_summaries(baseline, None), as_job_summaries(new, None)
+    """The CI gate for a job: each rank against its baseline, and the job's step time
+    (`cache` as `traceq.load`'s, for the jobs it loads)."""
+    b, n = as_job_summaries(baseline, None, cache), as_job_summaries(new, None, cache)
     notes = list(n.notes)
     results = {}
     for rank in sorted(set(b.ranks) & set(n.ranks)):

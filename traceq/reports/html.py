@@ -151,12 +151,15 @@ def page(title: str, body: str, figures: Figures) -> str:
 def report(
     source: Trace | Job | str | os.PathLike[str] | Sequence[Any],
     path: str | os.PathLike[str],
+    *,
+    cache: bool | None = None,
     **analyze: Any,
 ) -> Path:
     """Write the HTML report of a trace, a trace file, or a job — a `Job`, a directory of
     rank traces, a glob, or a list of rank trace files (or of `Trace`s loaded from files)
     — to `path`; `analyze` goes to `traceq.analyze` / `traceq.analyze_job` (select,
-    ignore, config, options). Returns the path written.
+    ignore, config, options); `cache` as `traceq.load`'s, for what it loads from files.
+    Returns the path written.
 
     A job is loaded with `traceq.load_job` and analyzed with `traceq.analyze_job` (each
     rank's rules and TQ4xx across ranks); the page's job section draws the job's frames,
@@ -169,7 +172,7 @@ def report(
     out = Path(path)
     if not out.parent.is_dir():  # and when the page has nowhere to go
         raise TraceFileError(f"cannot write {out}: directory {out.parent} does not exist")
-    trace, job = _resolve(source)
+    trace, job = _resolve(source, cache)
     if job is None:
         found = analysis(trace, **analyze)
         page_text = render_trace(trace, build_report(found, trace))
@@ -179,7 +182,7 @@ def report(
     return out
 
 
-def _resolve(source: Any) -> tuple[Trace | None, Job | None]:
+def _resolve(source: Any, cache: bool | None = None) -> tuple[Trace | None, Job | None]:
     """(the one trace, None) or (None, the job)."""
     from traceq.job import Job, load_job
     from traceq.pipeline import load
@@ -191,14 +194,14 @@ def _resolve(source: Any) -> tuple[Trace | None, Job | None]:
         return None, source
     if isinstance(source, (str, os.PathLike)):
         if Path(source).is_dir() or glob.has_magic(os.fspath(source)):
-            return None, load_job(source)
-        return load(source), None
+            return None, load_job(source, cache=cache)
+        return load(source, cache=cache), None
     items = list(source)
     if items and all(isinstance(t, Trace) for t in items):
         items = [t.source for t in items]  # a job of the files they came from
     if not items or not all(isinstance(p, (str, os.PathLike)) for p in items):
         raise TypeError("report() takes a Trace, a Job, a path, or a list of rank traces")
-    return None, load_job(list(items))
+    return None, load_job(list(items), cache=cache)
 
 
 def render_job(job: Job, **analyze: Any) -> str:

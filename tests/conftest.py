@@ -345,6 +345,23 @@ def _kineto_params() -> list[Any]:
     return params
 
 
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The columnar cache on (the suite runs with it off), in a folder of this test's own."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("TRACEQ_CACHE_DIR", str(folder))
+    monkeypatch.setenv("TRACEQ_CACHE", "1")
+    monkeypatch.delenv("TRACEQ_CACHE_MAX_BYTES", raising=False)
+    return folder
+
+
+def cache_entries(folder: Path) -> list[Path]:
+    """The cached traces in a cache folder."""
+    from traceq.loader.cache import SUFFIX
+
+    return sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import cache_entries
 from traceq.cli.main import main
 
 import traceq
@@ -27,16 +28,6 @@ from traceq.loader import cache as C
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "fixtures" / "mlp_gelu-train.pt.trace.json.gz"
 JOB = REPO / "fixtures" / "jobs" / "ddp_gloo_slow2"
-
-
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The cache on, in a folder of this test's own."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("TRACEQ_CACHE_DIR", str(folder))
-    monkeypatch.setenv("TRACEQ_CACHE", "1")
-    monkeypatch.delenv("TRACEQ_CACHE_MAX_BYTES", raising=False)
-    return folder
 
 
 @pytest.fixture
@@ -52,10 +43,6 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool | None, str | None
 
     monkeypatch.setattr(C, "enabled", spy)
     return calls
-
-
-def entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob(f"*{C.SUFFIX}")) if folder.is_dir() else []
 
 
 def _trace(tmp: Path) -> str:
@@ -100,14 +87,14 @@ def test_no_cache_reaches_every_load_and_leaves_the_environment_alone(
     args = build(tmp_path)
     result = CliRunner().invoke(main, [*args, "--no-cache"])
     assert result.exit_code in (0, 1), result.output  # 1: a finding or a regression
-    assert entries(cache_dir) == []
+    assert cache_entries(cache_dir) == []
     assert asked and all(call == (False, "1") for call in asked), asked  # told; env as it was
     assert os.environ["TRACEQ_CACHE"] == "1"
 
     asked.clear()
     result = CliRunner().invoke(main, args)
     assert result.exit_code in (0, 1), result.output
-    assert len(entries(cache_dir)) == files  # the same command, cache on: it fills
+    assert len(cache_entries(cache_dir)) == files  # the same command, cache on: it fills
     assert all(requested is None for requested, _ in asked)
 
 
@@ -131,7 +118,7 @@ def test_a_library_load_during_a_no_cache_command_keeps_the_cache(
     assert result.exit_code == 0, result.output
     entry = C.entry_for(other)
     assert during and entry is not None
-    assert entries(cache_dir) == [entry.path]  # the other file's, and only it
+    assert cache_entries(cache_dir) == [entry.path]  # the other file's, and only it
 
 
 def test_two_commands_in_one_process_each_keep_their_own_choice(
@@ -140,9 +127,9 @@ def test_two_commands_in_one_process_each_keep_their_own_choice(
     runner = CliRunner()
     trace = _trace(tmp_path)
     assert runner.invoke(main, ["info", "--no-cache", trace]).exit_code == 0
-    assert entries(cache_dir) == []
+    assert cache_entries(cache_dir) == []
     assert runner.invoke(main, ["info", trace]).exit_code == 0
-    assert len(entries(cache_dir)) == 1
+    assert len(cache_entries(cache_dir)) == 1
 
 
 TWO_JOB_COMMANDS = """
@@ -180,14 +167,14 @@ def test_traceq_cache_0_still_turns_the_cache_off_alone(
     monkeypatch.setenv("TRACEQ_CACHE", "0")
     for args in (["info", _trace(tmp_path)], ["info", str(JOB), "--engine", "serial"]):
         assert CliRunner().invoke(main, args).exit_code == 0
-    assert entries(cache_dir) == []
+    assert cache_entries(cache_dir) == []
 
 
 def test_load_job_takes_cache_false(cache_dir: Path) -> None:
     """The library side of `--no-cache` for a job: `load_job(..., cache=False)`."""
     job = traceq.load_job(str(JOB), engine="serial", cache=False)
     assert job.frames.ranks.height == 4 and job.trace(0).ops.height > 0
-    assert entries(cache_dir) == []
+    assert cache_entries(cache_dir) == []
     job = traceq.load_job(str(JOB), engine="serial")
     assert job.frames.ranks.height == 4
-    assert len(entries(cache_dir)) == 4
+    assert len(cache_entries(cache_dir)) == 4

@@ -19,6 +19,7 @@ import msgspec
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import cache_entries as entries
 from polars.testing import assert_frame_equal
 from traceq.cli.main import main
 
@@ -27,15 +28,6 @@ from traceq.loader import cache as C
 from traceq.loader import load as load_module
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "mlp_gelu-train.pt.trace.json.gz"
-
-
-@pytest.fixture
-def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("TRACEQ_CACHE_DIR", str(folder))
-    monkeypatch.setenv("TRACEQ_CACHE", "1")
-    monkeypatch.delenv("TRACEQ_CACHE_MAX_BYTES", raising=False)
-    return folder
 
 
 @pytest.fixture
@@ -57,10 +49,6 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(load_module, "decode_stream", counting)
     return calls
-
-
-def entries(folder: Path) -> list[Path]:
-    return sorted(folder.glob(f"*{C.SUFFIX}"))
 
 
 def assert_same_trace(a: traceq.Trace, b: traceq.Trace) -> None:

@@ -162,7 +162,7 @@ class JobEngine:
     workers: int | None = None
 
 
-def job_options(command: F) -> F:
+def job_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """`--engine`, `--address` and `--workers`, handed to the command as one `engine`
     (a `JobEngine`), so neither the commands nor `cli.jobs` spell out all three."""
 
@@ -170,7 +170,8 @@ def job_options(command: F) -> F:
     def run(*args: Any, engine: str, address: str | None, workers: int | None, **kwargs: Any):
         return command(*args, engine=JobEngine(engine, address, workers), **kwargs)
 
-    options = (
+    return with_options(
+        run,
         click.option(
             "--engine",
             type=click.Choice(ENGINES),
@@ -185,12 +186,9 @@ def job_options(command: F) -> F:
             help="job: processes (default: by cores, memory)",
         ),
     )
-    for option in reversed(options):
-        run = option(run)
-    return run  # type: ignore[return-value]
 
 
-def region_options(command: F) -> F:
+def region_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """`--step`, `--annotation` (+ `--instance`) or `--window`, handed to the command as one
     `region` (`region_of`): the part of the trace whose critical path is asked for."""
 
@@ -205,7 +203,8 @@ def region_options(command: F) -> F:
     ):
         return command(*args, region=region_of(step, annotation, instance, window), **kwargs)
 
-    options = (
+    return with_options(
+        run,
         click.option("--step", type=int, help="Critical path of this ProfilerStep only."),
         click.option(
             "--annotation", help="Critical path of this annotation (record_function) or op only."
@@ -225,9 +224,13 @@ def region_options(command: F) -> F:
             help="Critical path of this time window only.",
         ),
     )
+
+
+def with_options(command: F, *options: Callable[[F], F]) -> F:
+    """`command` with click `options`, listed in `--help` in the order given."""
     for option in reversed(options):
-        run = option(run)
-    return run  # type: ignore[return-value]
+        command = option(command)
+    return command
 
 
 def region_of(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import cannot_write, format_option, writing
+from traceq.cli.common import cannot_write, format_option, with_options, writing
 
 if TYPE_CHECKING:
     from traceq.zoo.check import CheckReport
@@ -47,7 +47,8 @@ def _keep_folder(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 def _case_options(command: Any) -> Any:
     """`--shape`, `--act`, `--dtype` and `--device`: the case `check` and `verify` run."""
-    options = (
+    return with_options(
+        command,
         click.option(
             "--shape", required=True, help="M,K,N: rows, input features, output features."
         ),
@@ -64,9 +65,6 @@ def _case_options(command: Any) -> Any:
             help="default: cuda if present",
         ),
     )
-    for option in reversed(options):
-        command = option(command)
-    return command
 
 
 def _console() -> Console:

@@ -638,6 +638,11 @@ def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:
             (pl.col("input_types").list.get(pl.col("index"), null_on_oob=True) == "bool")
             .fill_null(False)
             .alias("_bool_in"),
+            pl.col("input_types")
+            .list.get(pl.col("index"), null_on_oob=True)
+            .is_in(list(INTEGER_TYPES))
+            .fill_null(False)
+            .alias("_int_in"),
             pl.when("_loose")
             .then(numel_key(pl.col("shape")))
             .otherwise(shape_key(pl.col("shape")))
@@ -652,6 +657,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_seq", *THREAD, "_module", "_call", "_top", "ts_ns", "_loose", "_numel").first(),
         pl.len().alias("_m"),
         pl.col("_bool_in").sum().alias("_n_bool"),
+        pl.col("_int_in").all().alias("_int_only"),
     )
     producers = nodes.filter(pl.col("output_shape").is_not_null())
     loose_producers = producers.filter("_loose")
@@ -686,6 +692,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_multi").alias("_pmulti"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SQUARES).alias("_psquare"),
         _returns_bool().alias("_pbool"),
+        _returns_float().alias("_pfloat"),
     )
     consumer_info = nodes.select(
         "event",
@@ -718,6 +725,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         .join(producer_info, on="producer")
         .join(consumer_info, on="event")
         .filter(~projection & one_call & (~pl.col("_pbool") | (pl.col("_n_bool") > 0)))
+        .filter(~(pl.col("_pfloat") & pl.col("_int_only")))  # `_returns_float`
         .with_columns(
             (pl.col("_call") == pl.col("_pcall")).alias("_same_module"),
             enclosed.alias("_enclosed"),
@@ -753,6 +761,45 @@ def _returns_bool() -> pl.Expr:
     base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
     keeping = base.is_in(list(BOOL_KEEPING)) & (pl.col("dtype") == "bool")
     return (base.is_in(list(BOOL_RESULT)) | keeping | pl.col("_made_bool")).fill_null(False)
+
+
+FLOAT_TYPES = frozenset({"float", "double", "c10::Half", "c10::BFloat16"})
+"""Floating dtypes, as the profiler records a tensor argument's type."""
+INTEGER_TYPES = frozenset({"long int", "int", "short int", "signed char", "unsigned char", "bool"})
+"""Integer (and bool) dtypes, as the profiler records a tensor argument's type."""
+_FLOAT_KEEPING = (
+    opshapes.GEMM,
+    opshapes.ACTIVATION,
+    opshapes.UNARY,
+    opshapes.ELEMENTWISE,
+    opshapes.NORM,
+    opshapes.VIEW,
+    opshapes.CONV,
+    opshapes.ATTENTION,
+)
+"""Kinds whose result is floating when their first tensor argument is: type promotion never
+turns a float into an integer; only casts (`to`, `long()`: copies), comparisons, index
+results (`argmax`, `topk`'s and `sort`'s indices: reductions, several outputs) and ops given
+a `dtype` (`DTYPE_TAKING`) do."""
+DTYPE_TAKING = frozenset({"cumsum", "cumprod"})
+"""Pointwise-kind ops that take a result `dtype`: `histc(...).cumsum(0, dtype=torch.int32)`
+(Mixtral's expert offsets) is an integer."""
+
+
+def _returns_float() -> pl.Expr:
+    """True for an op whose result is surely a floating tensor (`_FLOAT_KEEPING` of a
+    float, no comparison, one output, no `view(dtype)`). Such a value is no candidate for a
+    consumer whose arguments of its shape are all recorded as integers or bools: Mixtral's
+    router `reshape`s the `topk` indices (`long`), not the weights `div_` normalized in place
+    just before, both `[tokens, k]`."""
+    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    return (
+        pl.col("kind").is_in(_FLOAT_KEEPING)
+        & pl.col("dtype").is_in(list(FLOAT_TYPES))
+        & ~base.str.replace(r"_$", "").is_in(list(BOOL_RESULT | BOOL_KEEPING | DTYPE_TAKING))
+        & ~pl.col("_multi")
+        & ~pl.col("name").str.ends_with(".dtype")
+    ).fill_null(False)
 
 
 def _nearest(

@@ -1,0 +1,87 @@
+"""Fewer wrong inferred edges (issue 10, edge precision): each rule against the ET corpus.
+
+Every test reads the corpus' Execution Traces (`fixtures/corpus/`, recorded together with
+their Kineto traces by `fixtures/record_corpus.py`) and checks inferred edges against what
+the ET recorded: tensor ids (`tensor_edges`) or, read straight from the raw ET JSON, the
+dtypes of the tensors an op read and wrote. Each test fails on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+
+import polars as pl
+import pytest
+from conftest import corpus_paths
+
+import traceq
+from traceq.relations.execution_trace import load_execution_trace, match_ops, tensor_edges
+
+
+@cache
+def _trace(name: str) -> traceq.Trace:
+    return traceq.load(corpus_paths(name)[0])
+
+
+@cache
+def _et(name: str) -> pl.DataFrame:
+    return load_execution_trace(corpus_paths(name)[1])
+
+
+@cache
+def _raw_nodes(name: str) -> dict[int, dict]:
+    """The raw ET JSON's nodes by id (read here, not through traceq's ET loader)."""
+    with gzip.open(corpus_paths(name)[1], "rt") as f:
+        return {int(node["id"]): node for node in json.load(f)["nodes"]}
+
+
+def _exact_pairs(name: str) -> set[tuple[int, int]]:
+    exact = tensor_edges(_trace(name), _et(name))
+    return set(exact.select("producer", "consumer").iter_rows())
+
+
+# -- a float result is never read as an integer -------------------------------------------
+
+INTEGER = ("Tensor(long int)", "Tensor(int)", "Tensor(bool)")
+
+
+def _float_into_integer(name: str) -> tuple[int, list[tuple[int, int, str, str]]]:
+    """(inferred edges into an ET-recorded integer argument, those whose producer wrote
+    only float tensors), by the raw ET's recorded types."""
+    trace, nodes = _trace(name), _raw_nodes(name)
+    et_id = dict(match_ops(trace, _et(name)).iter_rows())
+    edges = trace.dataflow.filter(pl.col("input_index").is_not_null())
+    into_integer, wrong = 0, []
+    for p, c, i, pname, cname in edges.select(
+        "producer", "consumer", "input_index", "producer_name", "consumer_name"
+    ).iter_rows():
+        if p not in et_id or c not in et_id:
+            continue
+        types = nodes[et_id[c]]["inputs"]["types"]
+        if i >= len(types) or types[i] not in INTEGER:
+            continue
+        into_integer += 1
+        written = nodes[et_id[p]]["outputs"]["types"]
+        if written and all(t == "Tensor(float)" for t in written):
+            wrong.append((p, c, pname, cname))
+    return into_integer, wrong
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt2_generate", "llama_generate", "t5", "dit"])
+def test_a_float_result_is_not_read_as_an_integer(name: str) -> None:
+    """Mixtral's router `reshape`s `topk`'s indices (long), not the weights that `div_`
+    normalized in place just before (float, the same `[tokens, k]`): by shape and order the
+    reshape read the weights, and the experts' `empty_like`/`index_put_` after it."""
+    into_integer, wrong = _float_into_integer(name)
+    assert into_integer > 0  # the entry does read integer tensors
+    assert wrong == []
+
+
+def test_router_reshape_edges_are_the_ets() -> None:
+    exact = _exact_pairs("mixtral")
+    edges = _trace("mixtral").dataflow
+    router = edges.filter(pl.col("producer_name") == "aten::div_")
+    assert router.height > 0
+    assert set(router.select("producer", "consumer").iter_rows()) <= exact

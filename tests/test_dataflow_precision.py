@@ -85,3 +85,31 @@ def test_router_reshape_edges_are_the_ets() -> None:
     router = edges.filter(pl.col("producer_name") == "aten::div_")
     assert router.height > 0
     assert set(router.select("producer", "consumer").iter_rows()) <= exact
+
+
+# -- the residual stream skips a modulated norm ---------------------------------------------
+
+
+def _residual_adds(trace: traceq.Trace, module: str) -> pl.Series:
+    """Events of the `aten::add`s of two same-shaped tensors in calls of `module`."""
+    shapes = pl.col("data_inputs").list.eval(pl.element().struct.field("shape"))
+    return trace.dataflow_ops.filter(
+        (pl.col("name") == "aten::add")
+        & pl.col("module").str.ends_with(module)
+        & (shapes.list.len() == 2)
+        & (shapes.list.first() == shapes.list.last())
+    )["event"]
+
+
+def test_dit_residual_adds_read_the_stream_not_the_modulated_norm() -> None:
+    """DiT's adaLN-Zero block: `x + gate_msa * attn(norm(x) * (1 + scale) + shift)`, then
+    `h + gate_mlp * ff(...)`. By shape and order each add read the modulated norm (the
+    most recent value of the shape); the ET has the block's input and the first sum."""
+    trace = _trace("dit")
+    adds = pl.concat([_residual_adds(trace, f"BasicTransformerBlock_{i}") for i in (0, 1)])
+    assert adds.len() == 8  # two blocks, two residual adds each, two denoising steps
+    inferred = trace.dataflow.filter(pl.col("consumer").is_in(adds.implode()))
+    exact = tensor_edges(trace, _et("dit")).filter(pl.col("consumer").is_in(adds.implode()))
+    assert set(inferred.select("producer", "consumer").iter_rows()) == set(
+        exact.select("producer", "consumer").iter_rows()
+    )

@@ -911,8 +911,11 @@ def _skipped_norms(ranked: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.Dat
     the residual of the first block."""
     if earlier is None:
         return ranked.with_columns(pl.lit(False).alias("_skipped"))
-    by_op = earlier.filter(pl.col("_ckind") == opshapes.NORM).select(
-        pl.col("event").alias("producer"), pl.col("producer").alias("_norm_input")
+    by_op = _modulated_norms(
+        earlier.filter(pl.col("_ckind") == opshapes.NORM).select(
+            pl.col("event").alias("producer"), pl.col("producer").alias("_norm_input")
+        ),
+        earlier,
     )
     into_module = (
         earlier.filter(
@@ -941,6 +944,30 @@ def _skipped_norms(ranked: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.Dat
     return ranked.join(live, on=[*_GROUP, "_norm_input"], how="left").with_columns(
         (skipped & last).fill_null(False).alias("_skipped")
     )
+
+
+def _modulated_norms(norms: pl.DataFrame, earlier: pl.DataFrame, max_hops: int = 3) -> pl.DataFrame:
+    """`norms` (a norm's result `producer`, the value it normalized `_norm_input`) and the
+    values that modulate a norm's result: elementwise ops reading it and, of its shape,
+    nothing else (`norm(x) * (1 + scale) + shift`, adaLN in DiT, `AdaLayerNormZero`).
+
+    The residual stream skips those too: DiT's block adds `gate * attn(...) + x` and
+    `gate * ff(...) + h`, where the modulated norm of `x` (of `h`) is the more recent value
+    of the shape and was taken instead (8 wrong edges in the ET corpus)."""
+    steps = earlier.filter(
+        (pl.col("_ckind") == opshapes.ELEMENTWISE)
+        & (pl.col("_m") == 1)
+        & (pl.col("_pshape") == pl.col("_cshape"))
+    ).select("producer", pl.col("event").alias("_next"))
+    found, frontier = [norms], norms
+    for _ in range(max_hops):
+        frontier = frontier.join(steps, on="producer").select(
+            pl.col("_next").alias("producer"), "_norm_input"
+        )
+        if frontier.height == 0:
+            break
+        found.append(frontier)
+    return pl.concat(found).unique("producer", keep="first")
 
 
 def _queued() -> pl.Expr:

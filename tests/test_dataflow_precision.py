@@ -113,3 +113,31 @@ def test_dit_residual_adds_read_the_stream_not_the_modulated_norm() -> None:
     assert set(inferred.select("producer", "consumer").iter_rows()) == set(
         exact.select("producer", "consumer").iter_rows()
     )
+
+
+# -- a ResNet block's shortcut --------------------------------------------------------------
+
+
+def test_unet_resnet_blocks_add_their_input_or_its_shortcut() -> None:
+    """diffusers' `ResnetBlock2D`: `(shortcut(x) + conv2(act(norm2(conv1(act(norm1(x))) +
+    temb)))) / scale`. By shape and order the add read `conv1(...) + temb` (the block's own
+    value) and the 1x1 shortcut conv `act(norm1(x))`; the ET has `x` (or the shortcut's
+    result) and `conv2`'s, in all 8 blocks of both denoising steps. The `Transformer2DModel`
+    between them adds `proj_out(h) + residual` (it read `h` and `proj_out(h)`)."""
+    trace = _trace("unet")
+    ops = trace.dataflow_ops
+    in_block = pl.col("module").str.contains(
+        r"(ResnetBlock2D_\d+(\.Conv2d_\d+)?|\.Transformer2DModel_\d+)$"
+    )
+    adds = _residual_adds(trace, "")
+    consumers = ops.filter(
+        in_block & (pl.col("event").is_in(adds.implode()) | (pl.col("name") == "aten::conv2d"))
+    )["event"]
+    # per step 8 blocks: add, conv1 and conv2 each, 5 shortcut convs (channels change), and
+    # the mid block's Transformer2DModel: `proj_out(h) + residual`
+    assert consumers.len() == 2 * (8 * 3 + 5 + 1)
+    inferred = trace.dataflow.filter(pl.col("consumer").is_in(consumers.implode()))
+    exact = tensor_edges(trace, _et("unet")).filter(pl.col("consumer").is_in(consumers.implode()))
+    assert set(inferred.select("producer", "consumer").iter_rows()) == set(
+        exact.select("producer", "consumer").iter_rows()
+    )

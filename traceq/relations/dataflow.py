@@ -34,6 +34,7 @@ from traceq.relations.matching import (
 )
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations.shortcuts import shortcut_reads
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
@@ -237,6 +238,7 @@ def dataflow(
         return pl.DataFrame(schema=_EDGE_SCHEMA)
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
     edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
+    edges = shortcut_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")
@@ -370,6 +372,7 @@ _CALL_SCHEMA = {
     "_top": pl.Int64,
     "_scope_start": pl.Int64,
     "_scope_end": pl.Int64,
+    "_call_start": pl.Int64,
 }
 
 
@@ -382,7 +385,8 @@ def module_calls(trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
     (innermost call), `_top` (outermost call: one forward of a model), and the scope of the
     op's result: the innermost call still open when the next op on the thread starts
     (a call that ended with the op may have returned its result; one that goes on keeps it
-    inside: encapsulation), as `_scope_start`/`_scope_end` (null: visible anywhere).
+    inside: encapsulation), as `_scope_start`/`_scope_end` (null: visible anywhere), and
+    `_call_start`: when `_call` started.
     """
     mods = trace.modules
     if mods.height == 0 or ops.height == 0:
@@ -446,11 +450,13 @@ def module_calls(trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
                 "_top": events(top),
                 "_scope_start": pl.Series(np.where(scope >= 0, starts[np.maximum(scope, 0)], -1)),
                 "_scope_end": pl.Series(np.where(scope >= 0, ends[np.maximum(scope, 0)], -1)),
+                "_call_start": pl.Series(np.where(inner >= 0, starts[np.maximum(inner, 0)], -1)),
             }
         )
         .with_columns(
             pl.when(pl.col("_scope_start") >= 0).then(pl.col("_scope_start")).alias("_scope_start"),
             pl.when(pl.col("_scope_end") >= 0).then(pl.col("_scope_end")).alias("_scope_end"),
+            pl.when(pl.col("_call_start") >= 0).then(pl.col("_call_start")).alias("_call_start"),
         )
         .cast(_CALL_SCHEMA)
     )

@@ -141,3 +141,27 @@ def test_unet_resnet_blocks_add_their_input_or_its_shortcut() -> None:
     assert set(inferred.select("producer", "consumer").iter_rows()) == set(
         exact.select("producer", "consumer").iter_rows()
     )
+
+
+# -- a KV cache's cat may have read the queued values ---------------------------------------
+
+
+def test_gpt2_attention_with_a_kv_cache_reads_q_not_k() -> None:
+    """GPT-2's attention with a KV cache: `k`, `v`, then `q` are transposed, `k` and `v` go
+    into the cache's `cat`s, and `sdpa(q, k_all, v_all)` reads the cats. The oldest-first
+    queue of unread values (the `cat`s' reads are not recorded) gave `k` to `q`'s argument;
+    the ET has `q` in each layer of each step that has a cache."""
+    trace = _trace("gpt2_generate")
+    sdpa = trace.dataflow_ops.filter(pl.col("name") == "aten::scaled_dot_product_attention")
+    cached = sdpa.filter(
+        pl.col("data_inputs").list.get(0).struct.field("shape")
+        != pl.col("data_inputs").list.get(1).struct.field("shape")
+    )["event"]
+    assert cached.len() == 6  # 2 layers, 3 steps with a cache
+    query = pl.col("consumer").is_in(cached.implode()) & (pl.col("input_index") == 0)
+    inferred = trace.dataflow.filter(query)
+    exact = tensor_edges(trace, _et("gpt2_generate")).filter(query)
+    assert exact.height == cached.len()
+    assert set(inferred.select("producer", "consumer").iter_rows()) == set(
+        exact.select("producer", "consumer").iter_rows()
+    )

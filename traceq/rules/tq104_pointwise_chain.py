@@ -51,6 +51,21 @@ TRANSFER = r"(?i)\bmem(cpy|set)\b|^Memcpy|^Memset|memcpy"
 Pageable)`, `Memset (Device)`; HIP: `hipMemcpyWithStream`)."""
 
 
+def scalar_arithmetic(output_shape: pl.Expr) -> pl.Expr:
+    """True for an op that returns a 0-d tensor: arithmetic on scalars held in tensors
+    (a diffusion scheduler's `alpha_t = alphas_cumprod[t]; (1 - alpha_t) ** 0.5`).
+
+    Such ops are no chain to fuse. Each moves a few bytes, so the rule's model (time
+    follows bytes) does not hold: what they cost is one dispatch each on the host. On a
+    GPU trace they mostly run on the CPU with no kernel at all (the scheduler's tables
+    stay on the host; a 0-d CPU tensor goes to a GPU kernel as a scalar argument); where
+    they do launch kernels, those are latency-bound single-element ones. The fix is
+    Python floats or precomputed tables (host overhead, TQ2xx's ground), not one fused
+    kernel. Ops that read 0-d values and return a full tensor (`alpha_t ** 0.5 * x`)
+    stay members."""
+    return output_shape.list.len() == 0
+
+
 def components(nodes: pl.Series, links: pl.DataFrame) -> pl.DataFrame:
     """Connected components of an undirected graph: `event`, `chain` (smallest member).
 
@@ -271,8 +286,12 @@ def pointwise_chains(
         & ~pl.col("glu_fused")
         & ~transfer.fill_null(False)
     )
+    # a 0-d result is host-side scalar arithmetic, no activation to fuse (`scalar_arithmetic`)
     members = ops.filter(
-        pointwise & pl.col("output_shape").is_not_null() & ~pl.col("event").is_in(claimed.implode())
+        pointwise
+        & pl.col("output_shape").is_not_null()
+        & ~scalar_arithmetic(pl.col("output_shape"))
+        & ~pl.col("event").is_in(claimed.implode())
     ).select("event", "output_shape", "traffic_bytes", "itemsize", "role", "integral")
     trusted = edges.filter(pl.col("confidence") >= min_confidence)
     shape_of = members.select("event", "output_shape")

@@ -34,6 +34,7 @@ from traceq.relations.matching import (
 )
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations.scalars import scalar_edges
 from traceq.relations.shortcuts import shortcut_reads
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ def dataflow(
     nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace))
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
-    parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes))
+    parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes), scalar_edges(nodes))
     parts = [e for e in parts if e.height]
     if not parts:
         return pl.DataFrame(schema=_EDGE_SCHEMA)

@@ -34,7 +34,7 @@ from traceq.relations.matching import (
 )
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
-from traceq.relations.scalars import scalar_edges
+from traceq.relations.scalars import scalar_edges, weighted_sum_reads
 from traceq.relations.shortcuts import shortcut_reads
 
 if TYPE_CHECKING:
@@ -240,6 +240,7 @@ def dataflow(
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
     edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
     edges = shortcut_reads(edges, nodes)
+    edges = weighted_sum_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

@@ -78,3 +78,130 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
             pl.lit(EVIDENCE).alias("evidence"),
         )
     )
+
+
+def weighted_sum_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """`a * x + b * y` with `a`, `b` 0-d tensors: both products are the sum's operands.
+
+    A scheduler's update is a weighted sum of tensors of one shape (DDIM's `prev_sample =
+    alpha_prev ** 0.5 * x0 + direction`, with `direction = c ** 0.5 * eps` computed just
+    before). By shape and order the second product reads the first (`b * (a * x)`) and the
+    sum reads an older value beside it. Where a `mul` of a 0-d tensor and a value of shape
+    S (the first product) is read only by a second such `mul`, which an `add` of two values
+    of shape S then reads beside another value, the two products are the sum's operands:
+    the second product reads what the first was given, and the first product's own input,
+    some older value of S, is left without an edge (unknown beats wrong). Written that way
+    (`b * (a * x) + z`, two 0-d coefficients in a row) nothing in the corpus has it; the
+    weighted sum is in both diffusion entries, twice each (the ET: every such reading was
+    wrong). The sum's argument order is not known: the first product takes the slot of the
+    value it replaces.
+    """
+    if edges.height == 0:
+        return edges
+    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    inputs = pl.col("data_inputs")
+    scalar = inputs.list.eval(pl.element().struct.field("shape").list.len() == 0).list.sum()
+    info = nodes.select(
+        "event",
+        base.alias("_base"),
+        scalar.alias("_n_scalar"),
+        (inputs.list.len() - scalar).alias("_n_tensor"),
+        "_out_shape",
+    )
+    scaled = info.filter(
+        (pl.col("_base") == "mul") & (pl.col("_n_scalar") == 1) & (pl.col("_n_tensor") == 1)
+    ).select("event", "_out_shape")
+    sums = info.filter((pl.col("_base") == "add") & (pl.col("_n_tensor") == 2)).select(
+        "event", "_out_shape"
+    )
+    tensor_edges = edges.filter(pl.col("shape").list.len() > 0)
+    readers = tensor_edges.group_by("producer").agg(pl.len().alias("_readers"))
+    first = tensor_edges.join(scaled, left_on="producer", right_on="event").join(
+        scaled, left_on="consumer", right_on="event", suffix="_c"
+    )
+    first = (
+        first.filter(pl.col("_out_shape") == pl.col("_out_shape_c"))
+        .join(readers.filter(pl.col("_readers") == 1), on="producer", how="semi")
+        .select(
+            pl.col("producer").alias("_m1"),
+            pl.col("consumer").alias("_m2"),
+            pl.col("input_index").alias("_m2_index"),
+            "_out_shape",
+        )
+    )
+    into_sum = tensor_edges.join(sums, left_on="consumer", right_on="event").select(
+        "producer", "consumer", "input_index", "_out_shape"
+    )
+    found = (
+        first.join(
+            into_sum.select(pl.col("producer").alias("_m2"), pl.col("consumer").alias("_sum")),
+            on="_m2",
+        )
+        .join(
+            into_sum.rename(
+                {"producer": "_beside", "consumer": "_sum", "input_index": "_sum_index"}
+            ),
+            on=["_sum", "_out_shape"],
+        )
+        .filter((pl.col("_beside") != pl.col("_m2")) & (pl.col("_beside") != pl.col("_m1")))
+        .unique("_m1", keep="first")
+    )
+    if found.height == 0:
+        return edges
+    given = tensor_edges.select(
+        pl.col("consumer").alias("_m1"), pl.col("producer").alias("_given")
+    ).unique("_m1", keep="first")
+    found = found.join(given, on="_m1", how="left")
+    key = ["producer", "consumer", "input_index"]
+    dropped = pl.concat(
+        [
+            found.select(
+                pl.col("_m1").alias("producer"),
+                pl.col("_m2").alias("consumer"),
+                pl.col("_m2_index").alias("input_index"),
+            ),
+            found.select(
+                pl.col("_beside").alias("producer"),
+                pl.col("_sum").alias("consumer"),
+                pl.col("_sum_index").alias("input_index"),
+            ),
+            found.drop_nulls("_given").select(
+                pl.col("_given").alias("producer"), pl.col("_m1").alias("consumer")
+            ),
+        ],
+        how="diagonal_relaxed",
+    )
+    moved = pl.concat(
+        [
+            found.drop_nulls("_given").select(
+                pl.col("_given").alias("producer"),
+                pl.col("_m2").alias("consumer"),
+                pl.col("_m2_index").alias("input_index"),
+                pl.col("_m1").alias("_from"),
+            ),
+            found.select(
+                pl.col("_m1").alias("producer"),
+                pl.col("_sum").alias("consumer"),
+                pl.col("_sum_index").alias("input_index"),
+                pl.col("_beside").alias("_from"),
+            ),
+        ]
+    )
+    # the moved edges keep the confidence and evidence of the edges they replace
+    old = edges.select(
+        pl.col("producer").alias("_from"),
+        "consumer",
+        "input_index",
+        "shape",
+        "confidence",
+        pl.concat_str("evidence", pl.lit("+weighted-sum")).alias("evidence"),
+    )
+    rewired = moved.join(old, on=["_from", "consumer", "input_index"]).drop("_from")
+    kept = edges.join(
+        dropped.filter(pl.col("input_index").is_not_null()), on=key, how="anti", nulls_equal=True
+    ).join(
+        dropped.filter(pl.col("input_index").is_null()).select("producer", "consumer"),
+        on=["producer", "consumer"],
+        how="anti",
+    )
+    return pl.concat([kept, rewired.select(edges.columns)], how="vertical_relaxed")

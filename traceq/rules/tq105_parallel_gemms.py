@@ -72,6 +72,31 @@ def unbroken(edges: pl.DataFrame, ordered: pl.DataFrame) -> pl.Expr:
     return key.is_in(ok.select(key.alias("k"))["k"].implode())
 
 
+def after_argless_ops(ordered: pl.DataFrame) -> pl.Series:
+    """Events of the ops that ran after an op recording no arguments (an Inductor C++
+    kernel) under the same enclosing op (a compiled graph's call) on their thread.
+
+    Such a kernel may have written the buffer a later op reads, so an input with no edge
+    there is unknown, not a graph input: in a compiled LLaMA the q/k/v GEMMs read the
+    norm kernel's output and gate/up the next norm's, and the Execution Trace, which
+    records no outputs for those kernels, has no edge into any GEMM of the graph, so
+    "graph input, same shape" put q, k, v, o_proj, up and the LM head in one group
+    (`ordered`: ops with their thread order `_seq`)."""
+    if "input_dims" not in ordered.columns:  # frames built without arguments (tests)
+        return pl.Series([], dtype=pl.Int64)
+    within = ["pid", "tid"]
+    if "parent" in ordered.columns:
+        within.append(pl.col("parent").fill_null(-1))
+    seen = (
+        ordered.sort("_seq")
+        .with_columns(
+            pl.col("input_dims").is_null().cast(pl.Int64).cum_sum().over(within).alias("_argless")
+        )
+        .filter(pl.col("_argless") > 0)
+    )
+    return seen["event"].cast(pl.Int64)
+
+
 def parallel_gemms(
     ops: pl.DataFrame,
     edges: pl.DataFrame,
@@ -113,8 +138,10 @@ def parallel_gemms(
     )
     read_something = into_x.select(pl.col("consumer").alias("event")).unique()
     gemms = gemms.join(fed, left_on="event", right_on="consumer", how="left")
-    graph_input = pl.col("source").is_null() & ~pl.col("event").is_in(
-        read_something["event"].implode()
+    graph_input = (
+        pl.col("source").is_null()
+        & ~pl.col("event").is_in(read_something["event"].implode())
+        & ~pl.col("event").is_in(after_argless_ops(ordered).implode())
     )
     key = ["x_shape", "k", "dtype"]
     by_source = _bursts(

@@ -10,7 +10,7 @@ gate/up projections, each after its own kernel). A GEMM whose input has only suc
 edge, or one weaker than `min_confidence`, has an unknown input and joins no group.
 
 When the input is a graph input (no edge into it at all: the model's, or a compiled
-graph's, input),
+graph's, input, and no argument-less kernel ran before it in its graph: `after_argless_ops`),
 GEMMs count as reading it together if they run in the same step, thread and parent module
 on the same input shape — q/k/v or gate/up projections of one block.
 
@@ -73,8 +73,8 @@ def unbroken(edges: pl.DataFrame, ordered: pl.DataFrame) -> pl.Expr:
 
 
 def after_argless_ops(ordered: pl.DataFrame) -> pl.Series:
-    """Events of the ops that ran after an op recording no arguments (an Inductor C++
-    kernel) under the same enclosing op (a compiled graph's call) on their thread.
+    """Events of the ops from the first op recording no arguments (an Inductor C++ kernel)
+    on, under the same enclosing op (a compiled graph's call) on their thread.
 
     Such a kernel may have written the buffer a later op reads, so an input with no edge
     there is unknown, not a graph input: in a compiled LLaMA the q/k/v GEMMs read the

@@ -4,10 +4,10 @@ Shape matching (`matching`) leaves 0-d tensors out: every 0-d value has the one 
 `[]`, and host-side arithmetic keeps several alive at once (a DDIM step holds
 `alpha_prod_t`, `alpha_prod_t_prev`, `beta_prod_t`, ... side by side, each read later and
 out of order), so "the most recent value of the shape" is wrong about as often as right:
-against the Execution Trace corpus, taking it for every 0-d input made 91 wrong edges for
-62 right ones. Nor can a 0-d `long int` input be told from a wrapped Python int
-(`t - 20` records the 20 as a 0-d `long int` tensor too; a Python float is recorded as
-`double`).
+against the Execution Trace corpus, shape matching on 0-d inputs made 132 wrong edges for
+117 right ones (edge precision 0.960 -> 0.935). Nor can a 0-d `long int` input be told
+from a wrapped Python int (`t - 20` records the 20 as a 0-d `long int` tensor too; a
+Python float is recorded as `double`).
 
 What is left is the read of the value computed by the op just before, in two cases where
 the trace says that value is an operand and not a variable kept for later:

@@ -17,6 +17,8 @@ the activations (the fix is to compute it once per length, not to fuse it), and 
 [q, k] grids every value has one shape and one dtype, so shape matching cannot tell which
 it read: in T5's buckets `abs(relative_position)` reads as reading the bucket sum built
 just before (`(rel > 0).long() * n + 0`), a chain the Execution Trace does not have.
+Nor is an op that returns a 0-d tensor a member (`scalar_arithmetic`): a scheduler's
+`(1 - alpha_t) ** 0.5` costs dispatches, not memory traffic.
 What remains of a chain must still have `min_ops` ops.
 """
 
@@ -406,7 +408,9 @@ def check(ctx: Context) -> Iterator[Finding]:
     Finds three or more elementwise ops in one data-flow chain, each its own kernel. The
     ops (add, mul, div, pow, exp, activations, dtype casts that launch a kernel, ...) work
     on same-shaped tensors. Ops that TQ101, TQ102 or TQ103 already report (a split bias add, an
-    activation after a GEMM, a GLU's activation and multiply) are left to those rules.
+    activation after a GEMM, a GLU's activation and multiply) are left to those rules, and
+    so is arithmetic on 0-d tensors (a diffusion scheduler's `(1 - alpha_t) ** 0.5`): its
+    cost is one host dispatch per op, not memory traffic, and its fix Python floats.
 
     ## Why is this bad?
     Each elementwise kernel reads its inputs from memory and writes its output back, and

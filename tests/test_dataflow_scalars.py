@@ -227,3 +227,23 @@ def test_a_0d_chain_is_no_tq104_chain_but_a_0d_coefficient_is_read() -> None:
     )
     chains = pointwise_chains(frame, edges, pl.Series([], dtype=pl.Int64), min_ops=3)
     assert chains["ops"].to_list() == [[4, 5, 6]]
+
+
+ARANGE_ENTRIES = ("dit", "gpt2", "gpt2_generate", "t5", "whisper", "mixtral")
+
+
+@pytest.mark.parametrize("name", ARANGE_ENTRIES)
+def test_arange_has_the_shape_the_et_recorded(name: str) -> None:
+    """`torch.arange(n)`, `arange(start, end)`, with a `dtype` (recorded as a Scalar too):
+    every top-level `arange` gets the output shape its ET node wrote, and its readers
+    (position ids, timestep frequencies) their edge."""
+    trace = _loaded(name)
+    rf, nodes = _rf_ids(trace), _et_nodes(name)
+    aranges = trace.dataflow_ops.filter(pl.col("name") == "aten::arange")
+    assert aranges.height > 0
+    for event, shape in aranges.select("event", "output_shape").rows():
+        assert [shape] == nodes[rf[event]]["outputs"]["shapes"], event
+    read = trace.dataflow.filter(pl.col("producer").is_in(aranges["event"].implode()))
+    assert read.height > 0
+    for producer, consumer, index in read.select("producer", "consumer", "input_index").rows():
+        assert _wrote_what_was_read(name, producer, consumer, index), (producer, consumer)

@@ -603,7 +603,7 @@ def _output(
         if op.endswith("_like"):
             return first
         if op == "arange":
-            return None
+            return _arange(dims, concrete)
         for text in concrete:
             size = _ints(text)
             if size is not None and text.strip().startswith("["):
@@ -619,6 +619,24 @@ def _output(
     if op in _ELEMENTS_SHAPED:
         return dims[0] if _is_shape(dims[0]) else None
     return None
+
+
+ARANGE_NUMBERS = {5: 1, 6: 2, 7: 3, 2: 1, 4: 3}
+"""How many of `arange`'s leading arguments are its numbers, by argument count: `(end,
+dtype, layout, device, pin_memory)`, `(start, end, ...)`, `(start, end, step, ...)`, and
+the `out=` forms `(end, out)`, `(start, end, step, out)`. The count decides it: the
+profiler records a `dtype` as a Scalar too."""
+
+
+def _arange(dims: list, concrete: list[str]) -> Shape | None:
+    """`[ceil((end - start) / step)]` from the recorded numbers (position ids,
+    `torch.arange(seq_len)`; sinusoidal timestep embeddings' frequencies)."""
+    n = ARANGE_NUMBERS.get(len(dims))
+    if n is None:
+        return None
+    numbers = [float(text) for text in concrete[:n]]  # ValueError: not recorded
+    start, end, step = ([0.0] if n == 1 else []) + numbers + ([1.0] if n < 3 else [])
+    return [max(0, math.ceil((end - start) / step))]
 
 
 def _gemm(op: str, dims: list) -> Shape | None:

@@ -9,19 +9,22 @@ against the Execution Trace corpus, shape matching on 0-d inputs made 132 wrong 
 from a wrapped Python int (`t - 20` records the 20 as a 0-d `long int` tensor too; a
 Python float is recorded as `double`).
 
-What is left is the read of the value computed by the op just before, in two cases where
-the trace says that value is an operand and not a variable kept for later:
+What is left is the read of the value computed by the op just before, in three cases
+where the trace says that value is an operand and not a variable kept for later:
 
 - a 0-d bool made to be tested: `if (t >= 0):`, `while not done.any():`,
   `flag.item()` run `is_nonzero` / `item` right after the comparison or reduction;
 - a power of a 0-d value, `alpha_t ** 0.5`, used as a coefficient at once
   (`alpha_t ** 0.5 * x`, `(1 - a - s ** 2)`): Python evaluates an operand right before
-  the operator that reads it.
+  the operator that reads it;
+- `torch.tensor(v)` building a 0-d tensor: `empty`, then `to`, `lift_fresh` and
+  `detach_`, each on what the one before returned (`TENSOR_STEPS`).
 
 The consumer reads it at its last 0-d tensor argument of that dtype (the operand
-evaluated last). Against the corpus these two rules make 50 edges, all of them right
-(the ET's tensor ids); a variable assigned from a power and read two statements later
-(`s = a ** 0.5; b = 1 - c; s * b`) would be read wrong, and none of the corpus has one.
+evaluated last). Against the corpus these rules make 75 edges (26 tested bools, 24
+powers, 25 `torch.tensor` steps), all of them right (the ET's tensor ids); a variable
+assigned from a power and read two statements later (`s = a ** 0.5; b = 1 - c; s * b`)
+would be read wrong, and none of the corpus has one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ EVIDENCE = "scalar+previous-op"
 WRAPPED_FLOAT = "double"
 """The `Input type` of a Python float passed where a tensor goes (`x * 0.5`)."""
 POWERS = ("pow", "square")
+TENSOR_STEPS = frozenset({"aten::to", "aten::lift_fresh", "aten::detach_", "aten::detach"})
+"""What `torch.tensor(v)` runs on the 0-d tensor it just made (`empty`, then these, each
+on the tensor the one before returned): `generate`'s `pad_token_id` and EOS tensors."""
 
 
 def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
@@ -48,14 +54,18 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     )
     producers = nodes.filter(pl.col("output_shape").list.len() == 0).select(
         pl.col("event").alias("producer"),
-        pl.when(_returns_bool())
-        .then(pl.lit("bool"))
-        .when(base.is_in(POWERS))
-        .then(pl.col("dtype"))
-        .alias("_dtype"),
+        _returns_bool().alias("_pbool"),
+        base.is_in(POWERS).alias("_ppow"),
+        pl.col("dtype").alias("_pdtype"),
     )
     zero_dim = (
-        ordered.select("event", "producer", "input_types", "data_inputs")
+        ordered.select(
+            "event",
+            "producer",
+            "input_types",
+            "data_inputs",
+            pl.col("name").is_in(TENSOR_STEPS).alias("_step"),
+        )
         .drop_nulls("producer")
         .explode("data_inputs")
         .unnest("data_inputs")
@@ -65,8 +75,12 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
         )
         .filter(pl.col("_dtype") != WRAPPED_FLOAT)
     )
+    tested = pl.col("_pbool") & (pl.col("_dtype") == "bool")
+    coefficient = pl.col("_ppow") & (pl.col("_dtype") == pl.col("_pdtype"))
+    made = pl.col("_step") & (pl.col("_pdtype").is_null() | (pl.col("_dtype") == pl.col("_pdtype")))
     return (
-        zero_dim.join(producers.drop_nulls("_dtype"), on=["producer", "_dtype"])
+        zero_dim.join(producers, on="producer")
+        .filter((tested | coefficient | made).fill_null(False))
         .sort("index")
         .unique("event", keep="last")
         .select(

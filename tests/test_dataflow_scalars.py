@@ -21,7 +21,7 @@ from conftest import corpus_paths
 import traceq
 from traceq.relations.dataflow import dataflow, module_calls
 from traceq.relations.execution_trace import load_execution_trace
-from traceq.relations.scalars import EVIDENCE
+from traceq.relations.scalars import EVIDENCE, weighted_sum_reads
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.opclass import classify
@@ -260,3 +260,55 @@ def test_arange_has_the_shape_the_et_recorded(name: str) -> None:
     assert read.height > 0
     for producer, consumer, index in read.select("producer", "consumer", "input_index").rows():
         assert _wrote_what_was_read(name, producer, consumer, index), (producer, consumer)
+
+
+def _weighted_sum_nodes(coefficient: str) -> pl.DataFrame:
+    """x0 (1), eps (2), `a * eps` (4), `b * x0` (6), their sum (7); 3 and 5 make the
+    0-d coefficients. `coefficient` is how the profiler recorded them."""
+    s = [1, 4, 8, 8]
+    rows = [
+        (1, "aten::clamp", [s], ["float"], s),
+        (2, "aten::add", [s, s], ["float", "float"], s),
+        (3, "aten::pow", [[]], ["float"], []),
+        (4, "aten::mul", [[], s], [coefficient, "float"], s),
+        (5, "aten::pow", [[]], ["float"], []),
+        (6, "aten::mul", [[], s], [coefficient, "float"], s),
+        (7, "aten::add", [s, s], ["float", "float"], s),
+    ]
+    return pl.DataFrame(
+        [
+            {
+                "event": e,
+                "name": n,
+                "data_inputs": [{"index": i, "shape": d} for i, d in enumerate(dims)],
+                "input_types": types,
+                "_out_shape": "s" + ",".join(map(str, out)),
+            }
+            for e, n, dims, types, out in rows
+        ]
+    )
+
+
+def test_a_weighted_sum_reads_both_products_only_for_0d_tensor_coefficients() -> None:
+    """Shape and order read `b * (a * eps)` beside x0; the products are the sum's operands
+    when the coefficients are 0-d tensors (`float`), not wrapped Python floats (`double`)."""
+    s = [1, 4, 8, 8]
+    read = [(1, 4, 1), (4, 6, 1), (2, 7, 0), (6, 7, 1), (3, 4, 0), (5, 6, 0)]
+    edges = pl.DataFrame(
+        [
+            {
+                "producer": p,
+                "consumer": c,
+                "input_index": i,
+                "shape": [] if p in (3, 5) else s,
+                "confidence": 0.9,
+                "evidence": "shape+order",
+            }
+            for p, c, i in read
+        ]
+    )
+    rewired = weighted_sum_reads(edges, _weighted_sum_nodes("float"))
+    pairs = set(rewired.select("producer", "consumer", "input_index").rows())
+    assert pairs == {(1, 6, 1), (4, 7, 0), (6, 7, 1), (3, 4, 0), (5, 6, 0)}
+    kept = weighted_sum_reads(edges, _weighted_sum_nodes("double"))
+    assert set(kept.select("producer", "consumer", "input_index").rows()) == set(read)

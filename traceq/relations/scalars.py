@@ -39,6 +39,8 @@ EVIDENCE = "scalar+previous-op"
 WRAPPED_FLOAT = "double"
 """The `Input type` of a Python float passed where a tensor goes (`x * 0.5`)."""
 POWERS = ("pow", "square")
+COEFFICIENT_DTYPES = ("float", "c10::Half", "c10::BFloat16")
+"""Dtypes a 0-d coefficient tensor is told from a wrapped Python number by (`double`)."""
 TENSOR_STEPS = frozenset({"aten::to", "aten::lift_fresh", "aten::detach_", "aten::detach"})
 """What `torch.tensor(v)` runs on the 0-d tensor it just made (`empty`, then these, each
 on the tensor the one before returned): `generate`'s `pad_token_id` and EOS tensors."""
@@ -108,22 +110,32 @@ def weighted_sum_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     (`b * (a * x) + z`, two 0-d coefficients in a row) nothing in the corpus has it; the
     weighted sum is in both diffusion entries, twice each (the ET: every such reading was
     wrong). The sum's argument order is not known: the first product takes the slot of the
-    value it replaces.
+    value it replaces. A coefficient is a 0-d tensor of the product's own floating dtype:
+    `x * 0.5 * 2.0 + z` records its Python floats as `double` and stays as read.
     """
     if edges.height == 0:
         return edges
     base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
     inputs = pl.col("data_inputs")
     scalar = inputs.list.eval(pl.element().struct.field("shape").list.len() == 0).list.sum()
+    types = pl.col("input_types")
     info = nodes.select(
         "event",
         base.alias("_base"),
         scalar.alias("_n_scalar"),
         (inputs.list.len() - scalar).alias("_n_tensor"),
         "_out_shape",
+        types.list.get(0, null_on_oob=True).alias("_t0"),
+        types.list.get(1, null_on_oob=True).alias("_t1"),
     )
+    # a 0-d tensor of the product's own floating dtype: a wrapped Python number is
+    # recorded as `double` (a float) or `long int` (an int), never as `float`
+    coefficient = (pl.col("_t0") == pl.col("_t1")) & pl.col("_t0").is_in(COEFFICIENT_DTYPES)
     scaled = info.filter(
-        (pl.col("_base") == "mul") & (pl.col("_n_scalar") == 1) & (pl.col("_n_tensor") == 1)
+        (pl.col("_base") == "mul")
+        & (pl.col("_n_scalar") == 1)
+        & (pl.col("_n_tensor") == 1)
+        & coefficient.fill_null(False)
     ).select("event", "_out_shape")
     sums = info.filter((pl.col("_base") == "add") & (pl.col("_n_tensor") == 2)).select(
         "event", "_out_shape"

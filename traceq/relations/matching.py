@@ -115,7 +115,7 @@ def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     inputs = _inputs(nodes)
     if inputs.height == 0:
         return pl.DataFrame()
-    candidates = _candidates(nodes, inputs)
+    candidates = _list_element_candidates(_candidates(nodes, inputs), nodes)
     if candidates.height == 0:
         return pl.DataFrame()
     first = _choose(candidates, earlier=None)
@@ -131,6 +131,47 @@ def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     chosen = chosen.filter((pl.col("_tier") == 0) | written_out)
     edges = _sibling_gemm_reads(_assign(chosen, inputs), nodes)
     return _scaled_term_reads(_rotate_half_reads(_sin_cos_reads(edges, nodes), nodes), nodes)
+
+
+LIST_REACH = 3
+"""Most ops between a tensor of a list (`cat`'s, `stack`'s) and the list op: the pieces of
+a list are made right before it (`cat((-x2, x1))` of `rotate_half`, `cat([sin, cos])`)."""
+
+
+def _list_element_candidates(candidates: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Candidates for the tensors of a `TensorList` argument, narrowed to where shape and
+    order read them right.
+
+    A list is mostly built of values computed just before it: `cat((-x2, x1))`,
+    `cat([sin(e), cos(e)])`, `cat((freqs, freqs))`, `cat([ids, next[:, None]])`. A piece
+    made longer ago (a UNet's skip connection, `generate`'s `input_ids` and attention mask
+    of the previous step) competes with every value of its shape made since, and the most
+    recent one is the wrong one: against the ET corpus such picks (more than `LIST_REACH`
+    ops back) were right 2 times in 19, so they are not made. Twin list ops (one right
+    after another of its name and result shape in one module call: a KV cache's
+    `keys = cat([keys, k]); values = cat([values, v])`) read twin values made apart (`v`
+    before `k`'s rotary embedding), and the empty caches of the first step (`[0]`) in
+    the order they were made: their pieces got the right producer 16 times in 128, so
+    they get none (the cache's recall is left to a rule that reads it as written).
+    """
+    if candidates.height == 0 or not candidates["_element"].any():
+        return candidates
+    same = [*THREAD, "_call", "name", "_out_shape"]
+    ordered = nodes.select("event", "_seq", *same).sort("_seq")
+    gap = pl.col("_seq").diff().over(same)
+    twins = (
+        ordered.with_columns(
+            ((gap == 1) | (gap.shift(-1).over(same) == 1)).fill_null(False).alias("_twin")
+        )
+        .filter("_twin")
+        .select("event")
+    )
+    element = pl.col("_element")
+    near = pl.col("_seq") - pl.col("_pseq") <= LIST_REACH
+    kept = candidates.filter(~element | near)
+    return kept.join(twins, on="event", how="anti").vstack(
+        kept.filter(~element).join(twins, on="event", how="semi")
+    )
 
 
 def _sibling_gemm_reads(
@@ -643,6 +684,9 @@ def _inputs(nodes: pl.DataFrame) -> pl.DataFrame:
             .is_in(list(INTEGER_TYPES))
             .fill_null(False)
             .alias("_int_in"),
+            (pl.col("input_types").list.get(pl.col("index"), null_on_oob=True) == "TensorList")
+            .fill_null(False)
+            .alias("_element"),
             pl.when("_loose")
             .then(numel_key(pl.col("shape")))
             .otherwise(shape_key(pl.col("shape")))
@@ -658,6 +702,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.len().alias("_m"),
         pl.col("_bool_in").sum().alias("_n_bool"),
         pl.col("_int_in").all().alias("_int_only"),
+        pl.col("_element").any(),
     )
     producers = nodes.filter(pl.col("output_shape").is_not_null())
     loose_producers = producers.filter("_loose")
@@ -1089,7 +1134,7 @@ def _assign(chosen: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     a bool value (`_returns_bool`) goes to a bool argument first."""
     order = pl.when("_cself_last").then(-pl.col("_pseq")).otherwise(pl.col("_pseq"))
     picks = chosen.sort(order)
-    slots = inputs.sort("index").select(*_GROUP, "index", "shape", "_bool_in")
+    slots = inputs.sort("index", maintain_order=True).select(*_GROUP, "index", "shape", "_bool_in")
     # a bool value goes to a bool argument (`unfinished & ~done`), the rest in order
     rank = pl.int_range(pl.len()).over(_GROUP).alias("_slot")
     bools = (

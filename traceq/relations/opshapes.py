@@ -401,9 +401,25 @@ def signature(
     if not _is_shape(output):  # junk dims (lists in lists) give junk out: unknown
         output = None
     inputs = [(i, d) for i, d in tensors if i in _data_positions(kind, plain, i)]
-    if kind == VIEW and plain in ("cat", "stack"):
-        inputs = []
+    inputs = sorted(inputs + list_elements(dims, types), key=lambda e: e[0])
     return Signature(kind, inputs, output)
+
+
+def list_elements(dims: list, types: list[str]) -> list[tuple[int, Shape]]:
+    """(argument index, shape) of each tensor of a `TensorList` argument, in list order.
+
+    Kineto records a tensor list (`cat`'s, `stack`'s) as one argument whose `Input Dims`
+    entry is a list of shapes (`[[[2, 8, 8], [2, 8, 8]], []]`); each tensor is a data
+    input of its own, all at the argument's index (an Execution Trace numbers them so too),
+    and their order within the argument is the list's. An empty tensor (`[0]`: a KV cache
+    before its first step) is read by no one that matters and is left out."""
+    return [
+        (i, element)
+        for i, (d, t) in enumerate(zip(dims, types, strict=False))
+        if t == "TensorList" and isinstance(d, list)
+        for element in d
+        if _is_shape(element)
+    ]
 
 
 def numel(shape: Shape) -> int:

@@ -277,6 +277,21 @@ TRIG_PAIR = {"sin": "cos", "cos": "sin"}
 """Functions computed of one angle side by side (rotary and sinusoidal embeddings)."""
 
 
+def _trig() -> pl.Expr:
+    """`sin` or `cos` (`TRIG_PAIR`) for an op that computes one, else null."""
+    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"(_|\.\w+)$", "")
+    return pl.when(base.is_in(list(TRIG_PAIR))).then(base)
+
+
+def _trig_twin() -> pl.Expr:
+    """True for a `cos` read as reading a `sin` (or a `sin` a `cos`): a twin of one angle
+    (`_sin_cos_reads` points it at the angle), so it replaces nothing: `cat([sin(e),
+    cos(e)])` (sinusoidal timestep embeddings) reads the `sin` after the `cos`."""
+    return (pl.col("_ctrig") == pl.col("_ptrig").replace_strict(TRIG_PAIR, default=None)).fill_null(
+        False
+    )
+
+
 def _sin_cos_reads(edges: pl.DataFrame, nodes: pl.DataFrame, max_hops: int = 3) -> pl.DataFrame:
     """Point `sin` at the angle `cos` read (and `cos` at `sin`'s), not at `cos`'s result.
 
@@ -736,6 +751,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_in_numel").alias("_pin_numel"),
         pl.col("_multi").alias("_pmulti"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SQUARES).alias("_psquare"),
+        _trig().alias("_ptrig"),
         _returns_bool().alias("_pbool"),
         _returns_float().alias("_pfloat"),
     )
@@ -746,6 +762,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_numel").alias("_cnumel"),
         pl.col("name").str.contains(IN_PLACE).alias("_cinplace"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(PARTS).alias("_cpart"),
+        _trig().alias("_ctrig"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SELF_LAST).alias("_cself_last"),
     )
     projection = (
@@ -1116,6 +1133,7 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
         & kind.is_in(_UPDATING_KINDS)
         & (same_size | kind.is_in(_RESHAPING_KINDS))
         & ~pl.col("_cpart")
+        & ~_trig_twin()
         & ~pl.col("_pmulti")  # one output of a split replaced says nothing of the others
     ).fill_null(False)
     # an in-place op overwrites its first argument (the earliest producer it reads, as

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.matching import (
     CONFIDENCE,
     THREAD,
@@ -241,6 +242,7 @@ def dataflow(
     edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
     edges = shortcut_reads(edges, nodes)
     edges = weighted_sum_reads(edges, nodes)
+    edges = kv_cache_reads(edges, nodes, returned_inputs(trace, ops))
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

@@ -156,21 +156,30 @@ def _list_element_candidates(candidates: pl.DataFrame, nodes: pl.DataFrame) -> p
     """
     if candidates.height == 0 or not candidates["_element"].any():
         return candidates
-    same = [*THREAD, "_call", "name", "_out_shape"]
-    ordered = nodes.select("event", "_seq", *same).sort("_seq")
-    gap = pl.col("_seq").diff().over(same)
-    twins = (
-        ordered.with_columns(
-            ((gap == 1) | (gap.shift(-1).over(same) == 1)).fill_null(False).alias("_twin")
-        )
-        .filter("_twin")
-        .select("event")
-    )
+    pairs = list_twins(nodes)
+    twins = pl.concat([pairs.select(pl.col(c).alias("event")) for c in ("_first", "_second")])
     element = pl.col("_element")
     near = pl.col("_seq") - pl.col("_pseq") <= LIST_REACH
     kept = candidates.filter(~element | near)
     return kept.join(twins, on="event", how="anti").vstack(
         kept.filter(~element).join(twins, on="event", how="semi")
+    )
+
+
+def list_twins(nodes: pl.DataFrame) -> pl.DataFrame:
+    """`_first`, `_second`: list ops (a `TensorList` argument) run one right after another
+    of their name and result shape in one module call (a KV cache's keys and values)."""
+    same = [*THREAD, "_call", "name", "_out_shape"]
+    lists = nodes.filter(pl.col("input_types").list.contains("TensorList"))
+    return (
+        nodes.select("event", "_seq", *same)
+        .sort("_seq")
+        .with_columns(
+            pl.col("event").shift().over(same).alias("_first"),
+            pl.col("_seq").diff().over(same).alias("_gap"),
+        )
+        .filter((pl.col("_gap") == 1) & pl.col("event").is_in(lists["event"].implode()))
+        .select("_first", pl.col("event").alias("_second"))
     )
 
 

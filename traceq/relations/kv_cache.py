@@ -1,0 +1,150 @@
+"""A KV cache's update read as written: `keys = cat([keys, k]); values = cat([values, v])`.
+
+Hugging Face's caches (`DynamicCache`, `EncoderDecoderCache`) grow by two list ops in a
+row in the attention call, keys first. Shape and order read them wrong (`matching` gives
+twin list ops no pieces at all): `v` was made before `k`'s rotary embedding, so the most
+recent value of the shape is `k`'s for both, and the empty caches of a first step (`[0]`)
+are read newest first. Read as written instead:
+
+- the empty pieces: the two most recent empty values made in the call, oldest to keys;
+- the new pieces: the two most recent values of their shape in the call that no op has
+  read yet, the one whose nearest GEMM (`k_proj`, `v_proj`; back through the edges) ran
+  first to keys; none where both come from one GEMM (GPT-2's fused `c_attn`);
+- the past (a larger cache, made in another forward call) gets no edge: a value never
+  crosses calls (`matching`).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from traceq.relations import opshapes
+from traceq.relations.matching import CONFIDENCE, THREAD, list_twins, shape_key
+
+EMPTY = "s0"
+"""`shape_key` of an empty tensor (`torch.tensor([])`: a cache before its first step)."""
+MAX_HOPS = 8
+"""Edges walked back from a new piece to its projection (view, transpose, rotary ops)."""
+
+
+def kv_cache_reads(
+    edges: pl.DataFrame, nodes: pl.DataFrame, aliases: pl.Series | None = None
+) -> pl.DataFrame:
+    """`edges` plus the pieces of twin list ops that update a KV cache (module docstring).
+
+    `aliases`: events of ops that returned their input (`dataflow.returned_inputs`: the
+    `to` and `lift_fresh` of `torch.tensor([])`); they wrote nothing, so they are no piece.
+    """
+    twins = list_twins(nodes)
+    if twins.height == 0 or edges.height == 0:
+        return edges
+    info = nodes.select("event", "_seq", *THREAD, "_call", "_top", "_out_shape", "kind")
+    pairs = (
+        twins.join(info, left_on="_first", right_on="event")
+        .filter(pl.col("_call") != -1)
+        .select("_first", "_second", "_seq", *THREAD, "_call", "_top")
+    )
+    slots = (
+        pairs.select("_first", pl.concat_list("_first", "_second").alias("consumer"))
+        .with_columns(pl.int_ranges(2).alias("_nth"))
+        .explode("consumer", "_nth")
+        .join(nodes.select(pl.col("event").alias("consumer"), "data_inputs"), on="consumer")
+        .explode("data_inputs")
+        .unnest("data_inputs")
+        .drop_nulls("shape")
+        .with_columns(shape_key(pl.col("shape")).alias("_key"))
+    )
+    # the pieces both ops read at one shape: an empty cache, or the new k and v
+    both = slots.group_by("_first", "_key").agg(pl.col("_nth").n_unique().alias("_ops"))
+    slots = slots.join(both.filter(pl.col("_ops") == 2), on=["_first", "_key"], how="semi")
+    read = edges.join(
+        info.select(pl.col("event").alias("consumer"), pl.col("_seq").alias("_rseq")),
+        on="consumer",
+    ).select("producer", "_rseq")
+    values = (
+        pairs.join(
+            info.select(
+                pl.col("event").alias("producer"),
+                pl.col("_seq").alias("_pseq"),
+                *THREAD,
+                pl.col("_call").alias("_pcall"),
+                "_top",
+                pl.col("_out_shape").alias("_key"),
+            ),
+            on=[*THREAD, "_top"],
+        )
+        .filter(pl.col("_pseq") < pl.col("_seq"))
+        .join(slots.select("_first", "_key").unique(), on=["_first", "_key"], how="semi")
+    )
+    values = values.filter(pl.col("_pcall") == pl.col("_call"))
+    if aliases is not None:
+        values = values.filter(~pl.col("producer").is_in(aliases.implode()))
+    unread = values.join(read, on="producer", how="anti").vstack(
+        values.join(read.group_by("producer").agg(pl.col("_rseq").min()), on="producer")
+        .filter(pl.col("_rseq") > pl.col("_seq"))
+        .drop("_rseq")
+    )
+    empty = unread.filter(pl.col("_key") == EMPTY)
+    new = unread.filter(pl.col("_key") != EMPTY).unique(["_first", "producer"])
+    new = new.join(_projections(new.select("producer").unique(), edges, info), on="producer")
+    picked = pl.concat(
+        [
+            _two_latest(empty.with_columns(pl.col("_pseq").alias("_origin")).unique()),
+            _two_latest(new),
+        ]
+    )
+    return _with_pieces(edges, picked, slots)
+
+
+def _two_latest(values: pl.DataFrame) -> pl.DataFrame:
+    """The two most recent values per twin pair and shape, numbered `_nth` (keys 0, values
+    1) by their projection's order (`_origin`); none where the two share a projection
+    (GPT-2's one `c_attn` GEMM, split into q, k, v transposed in no fixed order: the ET
+    shows k, v, q)."""
+    latest = (
+        values.sort("_pseq", descending=True)
+        .group_by("_first", "_key", maintain_order=True)
+        .head(2)
+    )
+    two = latest.group_by("_first", "_key").agg(pl.col("_origin").n_unique().alias("_n"))
+    return (
+        latest.join(two.filter(pl.col("_n") == 2), on=["_first", "_key"], how="semi")
+        .sort("_origin", "_pseq")
+        .with_columns(pl.int_range(pl.len()).over("_first", "_key").alias("_nth"))
+        .select("_first", "_key", "_nth", "producer")
+    )
+
+
+def _projections(values: pl.DataFrame, edges: pl.DataFrame, info: pl.DataFrame) -> pl.DataFrame:
+    """`producer`, `_origin`: the `_seq` of the GEMM nearest each value back along the
+    edges (the latest one at the fewest hops); values that reach none are left out."""
+    back = edges.select(pl.col("consumer").alias("_at"), pl.col("producer").alias("_from"))
+    kinds = info.select(pl.col("event").alias("_from"), "kind", pl.col("_seq").alias("_gseq"))
+    frontier = values.select("producer", pl.col("producer").alias("_at"))
+    found = []
+    for _ in range(MAX_HOPS):
+        step = frontier.join(back, on="_at").join(kinds, on="_from").unique(["producer", "_from"])
+        gemm = step.filter(pl.col("kind") == opshapes.GEMM)
+        found.append(gemm.group_by("producer").agg(pl.col("_gseq").max().alias("_origin")))
+        done = gemm.select("producer").unique()
+        frontier = step.join(done, on="producer", how="anti").select(
+            "producer", pl.col("_from").alias("_at")
+        )
+        if frontier.height == 0:
+            break
+    return pl.concat(found).unique("producer", keep="first", maintain_order=True)
+
+
+def _with_pieces(edges: pl.DataFrame, picked: pl.DataFrame, slots: pl.DataFrame) -> pl.DataFrame:
+    """`edges` plus one edge per picked value, into the slot of its twin op and shape."""
+    if picked.height == 0:
+        return edges
+    added = picked.join(slots, on=["_first", "_key", "_nth"]).select(
+        "producer",
+        "consumer",
+        pl.col("index").alias("input_index"),
+        "shape",
+        pl.lit(CONFIDENCE["contested"]).alias("confidence"),
+        pl.lit("shape+kv-cache").alias("evidence"),
+    )
+    return pl.concat([edges, added.select(edges.columns)], how="vertical_relaxed")

@@ -23,7 +23,7 @@ ranks them, and takes as many as it has inputs of that shape:
    (`_skipped_norms`);
 3. the most recent first.
 A bool result (a comparison, `any`, `isin`) is read only by a bool argument
-(`_returns_bool`: the profiler records each argument's dtype).
+(`returns_bool`: the profiler records each argument's dtype).
 Producers go to inputs in program order (the earlier producer to the earlier argument),
 which is the order Python evaluates call arguments in (`out.type_as(x)` excepted).
 Then patterns that shape and order read wrong are read as the models write them:
@@ -761,7 +761,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_multi").alias("_pmulti"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SQUARES).alias("_psquare"),
         _trig().alias("_ptrig"),
-        _returns_bool().alias("_pbool"),
+        returns_bool().alias("_pbool"),
         _returns_float().alias("_pfloat"),
     )
     consumer_info = nodes.select(
@@ -819,7 +819,7 @@ BOOL_KEEPING = frozenset(
 """Ops whose result is bool when their (first) argument is."""
 
 
-def _returns_bool() -> pl.Expr:
+def returns_bool() -> pl.Expr:
     """True for an op whose result is a bool tensor (`BOOL_RESULT`, `BOOL_KEEPING` of a
     bool, a factory given `dtype=torch.bool`: `_made_bool`). PyTorch does not pass a bool
     tensor where the argument's recorded type is another dtype (promotion shows in the
@@ -957,7 +957,7 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
             "_copy",
             descending=[False, False, True, True, True, False],
         )
-        # no more bool values than bool arguments (`_returns_bool`)
+        # no more bool values than bool arguments (`returns_bool`)
         .filter(
             ~pl.col("_pbool") | (pl.int_range(pl.len()).over(*_GROUP, "_pbool") < pl.col("_n_bool"))
         )
@@ -1158,7 +1158,7 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
 def _assign(chosen: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     """Pair chosen producers with the group's inputs: earlier producer, earlier argument,
     except for the ops that take their argument from a value made earlier (`SELF_LAST`);
-    a bool value (`_returns_bool`) goes to a bool argument first."""
+    a bool value (`returns_bool`) goes to a bool argument first."""
     order = pl.when("_cself_last").then(-pl.col("_pseq")).otherwise(pl.col("_pseq"))
     picks = chosen.sort(order)
     slots = inputs.sort("index", maintain_order=True).select(*_GROUP, "index", "shape", "_bool_in")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from traceq.relations.matching import THREAD, _returns_bool
+from traceq.relations.matching import THREAD, returns_bool
 
 CONFIDENCE = 0.75
 """One adjacent op, of a kind whose result the corpus always saw read at once."""
@@ -56,7 +56,7 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     )
     producers = nodes.filter(pl.col("output_shape").list.len() == 0).select(
         pl.col("event").alias("producer"),
-        _returns_bool().alias("_pbool"),
+        returns_bool().alias("_pbool"),
         base.is_in(POWERS).alias("_ppow"),
         pl.col("dtype").alias("_pdtype"),
     )

@@ -390,8 +390,8 @@ def twin_reads(edges: pl.DataFrame, nodes: pl.DataFrame, reach: int = 3) -> pl.D
         twins.select(pl.col("_second").alias("producer"), pl.col("_first").alias("_to")),
         on="producer",
     )
-    edges = _moved(edges, moved, "+twin")
-    return _moved(edges, _alternating(edges, nodes, twins), "+twin-alternating")
+    edges = with_moved(edges, moved, "+twin")
+    return with_moved(edges, _alternating(edges, nodes, twins), "+twin-alternating")
 
 
 def sibling_projection_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
@@ -475,7 +475,7 @@ def sibling_projection_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.Dat
     moved = edges.join(
         pairs.select("consumer", "input_index", "_to"), on=["consumer", "input_index"]
     ).filter(pl.col("producer") != pl.col("_to"))
-    return _moved(edges, moved, "+sibling-projections")
+    return with_moved(edges, moved, "+sibling-projections")
 
 
 def _alternating(edges: pl.DataFrame, nodes: pl.DataFrame, twins: pl.DataFrame) -> pl.DataFrame:
@@ -501,7 +501,7 @@ def _alternating(edges: pl.DataFrame, nodes: pl.DataFrame, twins: pl.DataFrame) 
     )
 
 
-def _moved(edges: pl.DataFrame, moved: pl.DataFrame, why: str) -> pl.DataFrame:
+def with_moved(edges: pl.DataFrame, moved: pl.DataFrame, why: str) -> pl.DataFrame:
     """`edges` with the `moved` ones (same columns and `_to`) starting at `_to` instead."""
     if moved.height == 0:
         return edges
@@ -599,7 +599,7 @@ def _scaled_term_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
             ),
         ]
     )
-    return _moved(
+    return with_moved(
         edges, edges.join(moved, on=["producer", "consumer", "input_index"]), "+scaled-term"
     )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations import opshapes
-from traceq.relations.matching import THREAD, _moved, shape_key
+from traceq.relations.matching import THREAD, shape_key, with_moved
 
 
 def shortcut_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
@@ -221,4 +221,4 @@ def shortcut_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     ]
     key = ["producer", "consumer", "input_index"]
     found = pl.concat(moved).unique(key)
-    return _moved(edges, edges.join(found, on=key), "+shortcut")
+    return with_moved(edges, edges.join(found, on=key), "+shortcut")

@@ -31,10 +31,11 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from hypothesis import settings
 
@@ -283,6 +284,21 @@ def corpus_paths(name: str) -> tuple[Path, Path]:
     if not (kineto.is_file() and et.is_file()):
         pytest.skip(f"corpus entry {name} is not recorded")
     return kineto, et
+
+
+@cache
+def corpus_trace(name: str) -> traceq.Trace:
+    """A corpus entry's Kineto trace, loaded once for the whole run (the corpus tests only
+    read it; a test that sets its data flow loads its own)."""
+    return traceq.load(corpus_paths(name)[0])
+
+
+@cache
+def corpus_et(name: str) -> pl.DataFrame:
+    """A corpus entry's Execution Trace, loaded once for the whole run."""
+    from traceq.relations.execution_trace import load_execution_trace
+
+    return load_execution_trace(corpus_paths(name)[1])
 
 
 def split_copies(document: dict[str, Any], name: str, pieces: int) -> dict[str, Any]:

@@ -11,31 +11,20 @@ that the corpus shows has a test; each fails on the code before its fix.
 from __future__ import annotations
 
 import sys
-from functools import cache
 
 import polars as pl
 import pytest
-from conftest import CORPUS, corpus_paths
+from conftest import CORPUS, corpus_et, corpus_paths, corpus_trace
 
 import traceq
 from traceq.relations.dataflow import dataflow, module_calls
-from traceq.relations.execution_trace import load_execution_trace, match_ops, tensor_edges
+from traceq.relations.execution_trace import match_ops, tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.finding import Finding
 
 FUSION = ("TQ101", "TQ102", "TQ103", "TQ104", "TQ105")
 sys.path.insert(0, str(CORPUS.parent.parent / "benchmarks"))
-
-
-@cache
-def _trace(name: str) -> traceq.Trace:
-    return traceq.load(corpus_paths(name)[0])
-
-
-@cache
-def _et(name: str) -> pl.DataFrame:
-    return load_execution_trace(corpus_paths(name)[1])
 
 
 def _pairs(frame: pl.DataFrame) -> set[tuple[int, int]]:
@@ -48,7 +37,9 @@ def _findings(trace: traceq.Trace, *codes: str) -> list[Finding]:
 
 def _exact_findings(name: str, *codes: str) -> list[Finding]:
     trace = traceq.load(corpus_paths(name)[0])
-    trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=_et(name))
+    trace.__dict__["dataflow"] = dataflow(
+        trace, trace.dataflow_ops, execution_trace=corpus_et(name)
+    )
     return _findings(trace, *codes)
 
 
@@ -61,7 +52,7 @@ def _keys(findings: list[Finding]) -> set[tuple[str, frozenset[int]]]:
 
 @pytest.mark.parametrize("name", ["bert_ensemble", "vit_repeated", "gpt2_generate"])
 def test_no_inferred_edge_joins_two_forward_calls(name: str) -> None:
-    trace = _trace(name)
+    trace = corpus_trace(name)
     calls = module_calls(trace, trace.dataflow_ops).select("event", "_top")
     tops = calls.filter(pl.col("_top").is_not_null())
     assert tops["_top"].n_unique() >= 2  # the trace does hold several forward calls
@@ -76,7 +67,7 @@ def test_no_inferred_edge_joins_two_forward_calls(name: str) -> None:
 def test_three_calls_of_one_model_give_the_et_findings() -> None:
     """ViT called three times in one step: before call scoping, calls 2 and 3 linked to
     call 1's same-shaped ops; 8 of the 15 findings were made, and 1 wrong one."""
-    got, truth = _findings(_trace("vit_repeated")), _exact_findings("vit_repeated")
+    got, truth = _findings(corpus_trace("vit_repeated")), _exact_findings("vit_repeated")
     assert len(truth) == 15
     assert _keys(got) == _keys(truth)
 
@@ -87,8 +78,8 @@ def test_three_calls_of_one_model_give_the_et_findings() -> None:
 def test_a_block_called_twice_reads_its_own_call() -> None:
     """`block(block(x))`, `relu(head(relu(head(x))))`: every edge is the ET's (the old
     same-module-path preference linked call 2's input to call 1's output)."""
-    trace = _trace("shared_block")
-    exact = _pairs(tensor_edges(trace, _et("shared_block"), trace.dataflow_ops))
+    trace = corpus_trace("shared_block")
+    exact = _pairs(tensor_edges(trace, corpus_et("shared_block"), trace.dataflow_ops))
     assert len(exact) == 12
     assert _pairs(trace.dataflow) == exact
 
@@ -100,7 +91,7 @@ def test_a_block_called_twice_reads_its_own_call() -> None:
 def test_ops_returning_their_input_are_not_producers(name: str) -> None:
     """A no-op `to` (RMSNorm's `.to(float32)` on fp32) and eval-mode dropout write
     nothing; the ET names the tensor's writer, and so must the inferred edges."""
-    trace, et = _trace(name), _et(name)
+    trace, et = corpus_trace(name), corpus_et(name)
     wrote_nothing = et.filter(
         pl.col("name").is_in(["aten::to", "aten::dropout"]) & (pl.col("outputs").list.len() == 0)
     ).select("et_id")
@@ -118,7 +109,7 @@ def test_ops_returning_their_input_are_not_producers(name: str) -> None:
 def test_in_place_ops_match_the_et() -> None:
     """`h.mul_(0.5).add_(x).relu_()`, `proj(h).sigmoid_()`, `h * g`: the sigmoid_ reads
     the GEMM just before it, the mul reads what relu_ and sigmoid_ wrote."""
-    trace = _trace("inplace")
+    trace = corpus_trace("inplace")
     assert _keys(_findings(trace)) == _keys(_exact_findings("inplace"))
     rules = sorted(f.rule for f in _findings(trace))
     assert rules == ["TQ102", "TQ104"]
@@ -129,8 +120,8 @@ def test_in_place_ops_update_a_live_value(name: str) -> None:
     """`h.mul_(0.5).add_(x)`, T5's `buckets.add_(...)`: an in-place op updates a value that
     is live; it was once given a replaced ("hidden") value of the shape, as a written-out
     pointwise expression is."""
-    trace = _trace(name)
-    exact = _pairs(tensor_edges(trace, _et(name), trace.dataflow_ops))
+    trace = corpus_trace(name)
+    exact = _pairs(tensor_edges(trace, corpus_et(name), trace.dataflow_ops))
     in_place = trace.dataflow.filter(pl.col("consumer_name").str.ends_with("_"))
     assert in_place.height >= 2
     assert _pairs(in_place) <= exact
@@ -142,7 +133,7 @@ def test_in_place_ops_update_a_live_value(name: str) -> None:
 def test_gpt2_conv1d_gelu_new_is_a_split_gemm_activation() -> None:
     """GPT-2's Conv1D: `addmm` on [B*T, 4H], `view` to [B, T, 4H], then `gelu_new` as 8
     pointwise ops: TQ102 (it was read as a TQ104 chain)."""
-    found = _findings(_trace("gpt2"))
+    found = _findings(corpus_trace("gpt2"))
     assert [f.rule for f in found] == ["TQ102", "TQ102"]
     for f in found:
         assert f.evidence["op_names"][0] == "aten::addmm"
@@ -151,7 +142,7 @@ def test_gpt2_conv1d_gelu_new_is_a_split_gemm_activation() -> None:
 
 
 def test_clip_quick_gelu_is_named_quick_gelu_not_silu() -> None:
-    found = _findings(_trace("clip"), "TQ102")
+    found = _findings(corpus_trace("clip"), "TQ102")
     assert len(found) == 4  # 2 layers x (text, vision)
     assert {f.evidence["activation"] for f in found} == {"quick_gelu"}
     assert not any("Replace the written-out" in f.fix for f in found)
@@ -161,7 +152,7 @@ def test_clip_quick_gelu_is_named_quick_gelu_not_silu() -> None:
 def test_t5_gated_gelu_is_found_in_every_layer() -> None:
     """T5 v1.1's gated-gelu: `gelu_new` written out inside a GLU, 2 encoder + 2 decoder
     layers; the ET-based run finds the same four."""
-    found = _findings(_trace("t5"), "TQ103")
+    found = _findings(corpus_trace("t5"), "TQ103")
     assert len(found) == 4
     assert all(f.evidence.get("written_out", True) for f in found)
     assert _keys(found) == _keys(_exact_findings("t5", "TQ103"))
@@ -197,8 +188,8 @@ def test_corpus_accuracy_holds_its_measured_floor() -> None:
 def test_rotary_cos_and_sin_read_the_same_embedding(name: str) -> None:
     """RotaryEmbedding: `emb.cos() * s; emb.sin() * s` are two expressions of one angle
     (the ET: cat -> cos, cat -> sin), no 4-op TQ104 chain `cos -> mul -> sin -> mul`."""
-    trace = _trace(name)
-    exact = _pairs(tensor_edges(trace, _et(name), trace.dataflow_ops))
+    trace = corpus_trace(name)
+    exact = _pairs(tensor_edges(trace, corpus_et(name), trace.dataflow_ops))
     ops = trace.dataflow_ops.select("event", "name")
     sines = ops.filter(pl.col("name") == "aten::sin")["event"]
     into_sin = _pairs(trace.dataflow.filter(pl.col("consumer").is_in(sines.implode())))
@@ -209,8 +200,8 @@ def test_rotary_cos_and_sin_read_the_same_embedding(name: str) -> None:
 
 
 def _exact_reads(name: str) -> tuple[pl.DataFrame, dict[int, str]]:
-    trace = _trace(name)
-    exact = tensor_edges(trace, _et(name), trace.dataflow_ops)
+    trace = corpus_trace(name)
+    exact = tensor_edges(trace, corpus_et(name), trace.dataflow_ops)
     return exact, dict(trace.dataflow_ops.select("event", "name").iter_rows())
 
 
@@ -227,7 +218,7 @@ def test_rotary_sum_reads_no_replaced_value(name: str) -> None:
     )
     sums = sums.filter(sums.replace_strict(names, return_dtype=pl.String) == "aten::add")
     assert sums.len() >= 4  # q and k in each of 2 layers
-    inferred = _pairs(_trace(name).dataflow.filter(pl.col("consumer").is_in(sums.implode())))
+    inferred = _pairs(corpus_trace(name).dataflow.filter(pl.col("consumer").is_in(sums.implode())))
     assert inferred and inferred <= _pairs(exact)
 
 
@@ -241,7 +232,7 @@ def test_rotary_k_times_cos_reads_k_not_v(name: str) -> None:
         (pl.col("producer_name") == "aten::transpose") & (pl.col("consumer_name") == "aten::mul")
     )["consumer"]
     assert rotary.n_unique() >= 4  # q * cos and k * cos in each of 2 layers
-    inferred = _trace(name).dataflow.filter(
+    inferred = corpus_trace(name).dataflow.filter(
         pl.col("consumer").is_in(rotary.implode()) & (pl.col("producer_name") == "aten::transpose")
     )
     assert _pairs(inferred) and _pairs(inferred) <= _pairs(exact)
@@ -256,7 +247,9 @@ def test_rotate_half_slices_read_x_not_x_times_cos(name: str) -> None:
         (pl.col("consumer_name") == "aten::slice") & (pl.col("producer_name") == "aten::transpose")
     )["consumer"]
     assert slices.n_unique() >= 8  # two per rotate_half, q and k, 2 layers
-    inferred = _pairs(_trace(name).dataflow.filter(pl.col("consumer").is_in(slices.implode())))
+    inferred = _pairs(
+        corpus_trace(name).dataflow.filter(pl.col("consumer").is_in(slices.implode()))
+    )
     assert inferred == _pairs(exact.filter(pl.col("consumer").is_in(slices.implode())))
 
 
@@ -265,7 +258,7 @@ def test_rotary_pointwise_chains_are_the_et_ones(name: str) -> None:
     """Per q and k, the ET's TQ104 chain `mul -> mul -> add` of the rotary embedding is
     found: 4 of each model's 10 findings were missed while a slice "replaced" `x * cos`
     (a slice takes part of a value, it does not replace it)."""
-    got, truth = _findings(_trace(name), "TQ104"), _exact_findings(name, "TQ104")
+    got, truth = _findings(corpus_trace(name), "TQ104"), _exact_findings(name, "TQ104")
     assert len(truth) >= 4
     assert _keys(got) == _keys(truth)
 
@@ -281,7 +274,7 @@ def test_twin_ops_read_twin_values_in_order(name: str) -> None:
         & (pl.col("producer_name") == "aten::mul")
     )["consumer"]
     assert twins.n_unique() >= 4  # two `to`s, then two unsqueezes per layer
-    inferred = _trace(name).dataflow.filter(pl.col("consumer").is_in(twins.implode()))
+    inferred = corpus_trace(name).dataflow.filter(pl.col("consumer").is_in(twins.implode()))
     assert _pairs(inferred) == _pairs(exact.filter(pl.col("consumer").is_in(twins.implode())))
 
 
@@ -296,7 +289,9 @@ def test_rotary_muls_read_cos_and_sin_alternately(name: str) -> None:
     )
     assert factors.height >= 8  # 4 muls per layer
     into = pl.col("consumer").is_in(factors["consumer"].implode())
-    inferred = _trace(name).dataflow.filter(into & (pl.col("producer_name") == "aten::unsqueeze"))
+    inferred = corpus_trace(name).dataflow.filter(
+        into & (pl.col("producer_name") == "aten::unsqueeze")
+    )
     assert _pairs(inferred) == _pairs(factors)
 
 
@@ -304,7 +299,7 @@ def test_rotary_muls_read_cos_and_sin_alternately(name: str) -> None:
 def test_pre_norm_residual_adds_read_the_norms_input(name: str) -> None:
     """`h = x + attn(norm(x))`: the residual add reads `x`; `norm(x)` is the more recent
     value of the shape and was read instead (`layer_norm -> add`, RMSNorm's `mul -> add`)."""
-    trace = _trace(name)
+    trace = corpus_trace(name)
     exact, _ = _exact_reads(name)
     ops = trace.dataflow_ops
     shapes = pl.col("shapes")
@@ -322,7 +317,7 @@ def test_type_as_returns_the_value_just_computed() -> None:
     """Gemma's RMSNorm ends in `output.type_as(x)`: `self` is the newer value, the
     argument the older; pairing them in program order read `x.type_as(output)`, so every
     projection after the norm read the norm's input (the ET: its result)."""
-    trace = _trace("gemma")
+    trace = corpus_trace("gemma")
     exact, _ = _exact_reads("gemma")
     projections = trace.dataflow.filter(pl.col("consumer_name") == "aten::linear")
     assert projections.height >= 14  # q, k, v, o, gate, up, down per layer; the lm head
@@ -333,7 +328,7 @@ def test_type_as_returns_the_value_just_computed() -> None:
 def test_written_out_gelu_cubes_x_not_half_x(name: str) -> None:
     """`0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`: the ET's `pow` reads `x` and the
     last `mul` reads `0.5 * x`; by shape and order they read the other one."""
-    trace = _trace(name)
+    trace = corpus_trace(name)
     exact, _ = _exact_reads(name)
     into_pow = trace.dataflow.filter(pl.col("consumer_name") == "aten::pow")
     assert into_pow.height >= 2  # one GELU per layer (and T5's RMSNorm squares)
@@ -347,7 +342,7 @@ def test_written_out_gelu_cubes_x_not_half_x(name: str) -> None:
 def test_quick_gelu_keeps_its_reads() -> None:
     """QuickGELU, `x * sigmoid(1.702 * x)`, starts with a scalar multiple too, but reads `x`
     nowhere in between: its sigmoid reads `1.702 * x`, as the ET has it."""
-    trace = _trace("clip")
+    trace = corpus_trace("clip")
     exact, _ = _exact_reads("clip")
     into_sigmoid = trace.dataflow.filter(pl.col("consumer_name") == "aten::sigmoid")
     assert into_sigmoid.height >= 4
@@ -360,7 +355,7 @@ def test_bert_embeddings_read_position_ids_and_their_gather(name: str) -> None:
     the expand read the slice (the gather had no output shape) and, once it had one, the
     position embedding lost the slice (the gather "replaced" it; taking part of a value,
     like a slice, replaces nothing)."""
-    trace = _trace(name)
+    trace = corpus_trace(name)
     exact, _ = _exact_reads(name)
     embeddings = trace.dataflow.join(
         trace.dataflow_ops.select(pl.col("event").alias("consumer"), "module"), on="consumer"
@@ -382,8 +377,8 @@ def test_stopping_criteria_any_reads_isin(name: str) -> None:
     """`EosTokenCriteria`: `isin(input_ids[:, -1], eos).any(-1)`-style checks. `isin` has
     its elements' shape; with no known output it was skipped and `any` read the slice
     before it (the ET: isin -> any, every step)."""
-    trace = _trace(name)
-    exact = tensor_edges(trace, _et(name), trace.dataflow_ops)
+    trace = corpus_trace(name)
+    exact = tensor_edges(trace, corpus_et(name), trace.dataflow_ops)
     into_any = exact.filter(
         (pl.col("consumer_name") == "aten::any") & (pl.col("producer_name") == "aten::isin")
     )
@@ -409,8 +404,8 @@ def test_a_bool_value_is_read_only_as_a_bool(name: str) -> None:
     each argument's own dtype: the ET's edges out of such ops all go into arguments typed
     `bool`. Inferred ones once gave them to long arguments of one shape (`unfinished &
     ~done` reading `any(...)`, T5's bucket `where` reading a `lt`)."""
-    trace = _trace(name)
-    exact = tensor_edges(trace, _et(name), trace.dataflow_ops).filter(
+    trace = corpus_trace(name)
+    exact = tensor_edges(trace, corpus_et(name), trace.dataflow_ops).filter(
         pl.col("producer_name").is_in(BOOL_OPS) & pl.col("input_index").is_not_null()
     )
     assert exact.height >= 3
@@ -420,7 +415,7 @@ def test_a_bool_value_is_read_only_as_a_bool(name: str) -> None:
     )
     assert inferred.height > 0
     assert _reads_bool(trace, inferred).all()
-    assert _pairs(inferred) <= _pairs(tensor_edges(trace, _et(name), trace.dataflow_ops))
+    assert _pairs(inferred) <= _pairs(tensor_edges(trace, corpus_et(name), trace.dataflow_ops))
 
 
 @pytest.mark.parametrize("name", ["clip", "dit", "unet"])
@@ -428,8 +423,8 @@ def test_sibling_projections_are_viewed_in_order(name: str) -> None:
     """`q = self.q_proj(x); k = self.k_proj(x); v = self.v_proj(x)`, then `q.view(...)`,
     `k.view(...)`, `v.view(...)` (CLIP's and diffusers' attention): the ET's views read the
     projections in order; by shape the first view took `v`, the most recent value."""
-    trace = _trace(name)
-    exact = tensor_edges(trace, _et(name), trace.dataflow_ops)
+    trace = corpus_trace(name)
+    exact = tensor_edges(trace, corpus_et(name), trace.dataflow_ops)
     views = exact.filter(
         (pl.col("producer_name") == "aten::linear") & (pl.col("consumer_name") == "aten::view")
     )
@@ -447,9 +442,9 @@ def test_a_bool_factory_is_read_only_as_a_bool(name: str) -> None:
     a bool tensor: the ET reads it only at bool arguments, and so must the inferred edges
     (they gave it to the long `unfinished` of `unfinished & ~done` and to the long `add`
     of the next tokens, 14 wrong edges)."""
-    trace = _trace(name)
+    trace = corpus_trace(name)
     fulls = trace.dataflow.filter(pl.col("producer_name") == "aten::full")
-    exact = tensor_edges(trace, _et(name), trace.dataflow_ops).filter(
+    exact = tensor_edges(trace, corpus_et(name), trace.dataflow_ops).filter(
         pl.col("producer_name") == "aten::full"
     )
     assert exact.height >= 4 and _reads_bool(trace, exact).all()

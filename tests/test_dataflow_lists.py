@@ -17,19 +17,13 @@ from functools import cache
 
 import polars as pl
 import pytest
-from conftest import CORPUS, corpus_paths
+from conftest import CORPUS, corpus_paths, corpus_trace
 
-import traceq
 from traceq.relations import opshapes
 
 DISPATCHER_OP = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.\w+)?$")
 NOT_OPS = ("autograd::", "profiler::", "torch::")
 ENTRIES = sorted(p.name.removesuffix(".et.json.gz") for p in CORPUS.glob("*.et.json.gz"))
-
-
-@cache
-def _trace(name: str) -> traceq.Trace:
-    return traceq.load(corpus_paths(name)[0])
 
 
 def _tensor_keys(values: dict) -> list[tuple[int, int]]:
@@ -53,7 +47,7 @@ def _et_list_reads(name: str) -> dict[int, list[tuple[int | None, list[int]]]]:
     doc = json.loads(gzip.decompress(corpus_paths(name)[1].read_bytes()))
     nodes = sorted(doc["nodes"], key=lambda n: n["id"])
     by_id = {n["id"]: n for n in nodes}
-    trace = _trace(name)
+    trace = corpus_trace(name)
     events = {
         (rf, op): event
         for rf, op, event in trace.ops.select("record_function_id", "name", "event").iter_rows()
@@ -107,7 +101,7 @@ def _list_arguments(name: str) -> pl.DataFrame:
     """`consumer`, `input_index`: the ops the ET describes with a list argument Kineto
     records as a `TensorList` (`cat`, `stack`, `einsum`; not `index`'s `Tensor?[]`), and
     the argument's position."""
-    ops = _trace(name).dataflow_ops.filter(
+    ops = corpus_trace(name).dataflow_ops.filter(
         pl.col("event").is_in(pl.Series(list(_et_list_reads(name)), dtype=pl.Int64).implode())
     )
     return (
@@ -123,7 +117,7 @@ def _list_arguments(name: str) -> pl.DataFrame:
 
 def _into_lists(name: str) -> pl.DataFrame:
     """Inferred edges into the tensors of those list arguments."""
-    return _trace(name).dataflow.join(
+    return corpus_trace(name).dataflow.join(
         _list_arguments(name), on=["consumer", "input_index"], how="semi"
     )
 
@@ -160,7 +154,7 @@ def test_list_edges_recover_most_of_the_corpus_list_reads() -> None:
 
 
 def _names(name: str, events: set[int | None]) -> set[str]:
-    ops = _trace(name).dataflow_ops
+    ops = corpus_trace(name).dataflow_ops
     return set(ops.filter(pl.col("event").is_in(list(events)))["name"])
 
 
@@ -201,7 +195,7 @@ def test_kv_cache_update_reads_keys_then_values(name: str) -> None:
     cache, values `v` and the second, as the ET has it. Shape and order gave the values
     cat `k` and both the second empty cache (twin list ops now get no pieces from
     `matching`; `kv_cache` reads them)."""
-    ops = _trace(name).dataflow_ops
+    ops = corpus_trace(name).dataflow_ops
     empties = set(ops.filter(pl.col("output_shape") == [0])["event"])
     updates = {
         consumer: {p for p, _ in elements}
@@ -222,9 +216,9 @@ def test_list_edges_are_numbered_by_argument_as_the_et_numbers_them(name: str) -
     from traceq.relations.execution_trace import load_execution_trace, tensor_edges
 
     lists = _list_arguments(name)
-    into = _trace(name).dataflow.join(lists.select("consumer"), on="consumer", how="semi")
+    into = corpus_trace(name).dataflow.join(lists.select("consumer"), on="consumer", how="semi")
     assert into.height and set(into["input_index"]) <= set(lists["input_index"])
-    exact = tensor_edges(_trace(name), load_execution_trace(corpus_paths(name)[1]))
+    exact = tensor_edges(corpus_trace(name), load_execution_trace(corpus_paths(name)[1]))
     exact = exact.join(lists.select("consumer"), on="consumer", how="semi")
     assert set(exact["input_index"]) == set(lists["input_index"])
 
@@ -237,8 +231,9 @@ def test_cat_output_shape_is_the_one_the_et_recorded(name: str) -> None:
         for n in doc["nodes"]
         if n["name"] == "aten::cat"
     }
-    ops = _trace(name).dataflow_ops.join(
-        _trace(name).ops.select(pl.col("event").cast(pl.Int64), "record_function_id"), on="event"
+    ops = corpus_trace(name).dataflow_ops.join(
+        corpus_trace(name).ops.select(pl.col("event").cast(pl.Int64), "record_function_id"),
+        on="event",
     )
     cats = ops.filter(pl.col("name") == "aten::cat")
     assert cats.height

@@ -14,20 +14,10 @@ from functools import cache
 
 import polars as pl
 import pytest
-from conftest import corpus_paths
+from conftest import corpus_et, corpus_paths, corpus_trace
 
 import traceq
-from traceq.relations.execution_trace import load_execution_trace, match_ops, tensor_edges
-
-
-@cache
-def _trace(name: str) -> traceq.Trace:
-    return traceq.load(corpus_paths(name)[0])
-
-
-@cache
-def _et(name: str) -> pl.DataFrame:
-    return load_execution_trace(corpus_paths(name)[1])
+from traceq.relations.execution_trace import match_ops, tensor_edges
 
 
 @cache
@@ -38,7 +28,7 @@ def _raw_nodes(name: str) -> dict[int, dict]:
 
 
 def _exact_pairs(name: str) -> set[tuple[int, int]]:
-    exact = tensor_edges(_trace(name), _et(name))
+    exact = tensor_edges(corpus_trace(name), corpus_et(name))
     return set(exact.select("producer", "consumer").iter_rows())
 
 
@@ -50,8 +40,8 @@ INTEGER = ("Tensor(long int)", "Tensor(int)", "Tensor(bool)")
 def _float_into_integer(name: str) -> tuple[int, list[tuple[int, int, str, str]]]:
     """(inferred edges into an ET-recorded integer argument, those whose producer wrote
     only float tensors), by the raw ET's recorded types."""
-    trace, nodes = _trace(name), _raw_nodes(name)
-    et_id = dict(match_ops(trace, _et(name)).iter_rows())
+    trace, nodes = corpus_trace(name), _raw_nodes(name)
+    et_id = dict(match_ops(trace, corpus_et(name)).iter_rows())
     edges = trace.dataflow.filter(pl.col("input_index").is_not_null())
     into_integer, wrong = 0, []
     for p, c, i, pname, cname in edges.select(
@@ -81,7 +71,7 @@ def test_a_float_result_is_not_read_as_an_integer(name: str) -> None:
 
 def test_router_reshape_edges_are_the_ets() -> None:
     exact = _exact_pairs("mixtral")
-    edges = _trace("mixtral").dataflow
+    edges = corpus_trace("mixtral").dataflow
     router = edges.filter(pl.col("producer_name") == "aten::div_")
     assert router.height > 0
     assert set(router.select("producer", "consumer").iter_rows()) <= exact
@@ -105,11 +95,11 @@ def test_dit_residual_adds_read_the_stream_not_the_modulated_norm() -> None:
     """DiT's adaLN-Zero block: `x + gate_msa * attn(norm(x) * (1 + scale) + shift)`, then
     `h + gate_mlp * ff(...)`. By shape and order each add read the modulated norm (the
     most recent value of the shape); the ET has the block's input and the first sum."""
-    trace = _trace("dit")
+    trace = corpus_trace("dit")
     adds = pl.concat([_residual_adds(trace, f"BasicTransformerBlock_{i}") for i in (0, 1)])
     assert adds.len() == 8  # two blocks, two residual adds each, two denoising steps
     inferred = trace.dataflow.filter(pl.col("consumer").is_in(adds.implode()))
-    exact = tensor_edges(trace, _et("dit")).filter(pl.col("consumer").is_in(adds.implode()))
+    exact = tensor_edges(trace, corpus_et("dit")).filter(pl.col("consumer").is_in(adds.implode()))
     assert set(inferred.select("producer", "consumer").iter_rows()) == set(
         exact.select("producer", "consumer").iter_rows()
     )
@@ -124,7 +114,7 @@ def test_unet_resnet_blocks_add_their_input_or_its_shortcut() -> None:
     value) and the 1x1 shortcut conv `act(norm1(x))`; the ET has `x` (or the shortcut's
     result) and `conv2`'s, in all 8 blocks of both denoising steps. The `Transformer2DModel`
     between them adds `proj_out(h) + residual` (it read `h` and `proj_out(h)`)."""
-    trace = _trace("unet")
+    trace = corpus_trace("unet")
     ops = trace.dataflow_ops
     in_block = pl.col("module").str.contains(
         r"(ResnetBlock2D_\d+(\.Conv2d_\d+)?|\.Transformer2DModel_\d+)$"
@@ -137,7 +127,9 @@ def test_unet_resnet_blocks_add_their_input_or_its_shortcut() -> None:
     # the mid block's Transformer2DModel: `proj_out(h) + residual`
     assert consumers.len() == 2 * (8 * 3 + 5 + 1)
     inferred = trace.dataflow.filter(pl.col("consumer").is_in(consumers.implode()))
-    exact = tensor_edges(trace, _et("unet")).filter(pl.col("consumer").is_in(consumers.implode()))
+    exact = tensor_edges(trace, corpus_et("unet")).filter(
+        pl.col("consumer").is_in(consumers.implode())
+    )
     assert set(inferred.select("producer", "consumer").iter_rows()) == set(
         exact.select("producer", "consumer").iter_rows()
     )
@@ -151,7 +143,7 @@ def test_gpt2_attention_with_a_kv_cache_reads_q_not_k() -> None:
     into the cache's `cat`s, and `sdpa(q, k_all, v_all)` reads the cats. The oldest-first
     queue of unread values (the `cat`s' reads are not recorded) gave `k` to `q`'s argument;
     the ET has `q` in each layer of each step that has a cache."""
-    trace = _trace("gpt2_generate")
+    trace = corpus_trace("gpt2_generate")
     sdpa = trace.dataflow_ops.filter(pl.col("name") == "aten::scaled_dot_product_attention")
     cached = sdpa.filter(
         pl.col("data_inputs").list.get(0).struct.field("shape")
@@ -160,7 +152,7 @@ def test_gpt2_attention_with_a_kv_cache_reads_q_not_k() -> None:
     assert cached.len() == 6  # 2 layers, 3 steps with a cache
     query = pl.col("consumer").is_in(cached.implode()) & (pl.col("input_index") == 0)
     inferred = trace.dataflow.filter(query)
-    exact = tensor_edges(trace, _et("gpt2_generate")).filter(query)
+    exact = tensor_edges(trace, corpus_et("gpt2_generate")).filter(query)
     assert exact.height == cached.len()
     assert set(inferred.select("producer", "consumer").iter_rows()) == set(
         exact.select("producer", "consumer").iter_rows()

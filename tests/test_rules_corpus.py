@@ -15,11 +15,11 @@ from functools import cache
 
 import polars as pl
 import pytest
-from conftest import CORPUS, corpus_paths
+from conftest import CORPUS, corpus_et, corpus_paths, corpus_trace
 
 import traceq
 from traceq.relations.dataflow import dataflow
-from traceq.relations.execution_trace import load_execution_trace, tensor_edges
+from traceq.relations.execution_trace import tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 
@@ -29,16 +29,6 @@ ENTRIES = sorted(p.name.removesuffix(".et.json.gz") for p in CORPUS.glob("*.et.j
 Keys = set[tuple[str, frozenset[int]]]
 
 
-@cache
-def _et(name: str) -> pl.DataFrame:
-    return load_execution_trace(corpus_paths(name)[1])
-
-
-@cache
-def _trace(name: str) -> traceq.Trace:
-    return traceq.load(corpus_paths(name)[0])
-
-
 def _keys(trace: traceq.Trace, *codes: str) -> Keys:
     findings = run(trace, Config(select=list(codes or FUSION))).findings
     return {(f.rule, frozenset(f.ops)) for f in findings}
@@ -46,13 +36,15 @@ def _keys(trace: traceq.Trace, *codes: str) -> Keys:
 
 @cache
 def _inferred(name: str) -> Keys:
-    return _keys(_trace(name))
+    return _keys(corpus_trace(name))
 
 
 @cache
 def _exact(name: str) -> Keys:
     trace = traceq.load(corpus_paths(name)[0])
-    trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=_et(name))
+    trace.__dict__["dataflow"] = dataflow(
+        trace, trace.dataflow_ops, execution_trace=corpus_et(name)
+    )
     return _keys(trace)
 
 
@@ -62,8 +54,8 @@ def _by_rule(keys: Keys, code: str) -> set[frozenset[int]]:
 
 def _x_producer(name: str, gemm: int) -> int | None:
     """The op that wrote a GEMM's activation operand, by tensor id (the ET)."""
-    trace = _trace(name)
-    exact = tensor_edges(trace, _et(name), trace.dataflow_ops)
+    trace = corpus_trace(name)
+    exact = tensor_edges(trace, corpus_et(name), trace.dataflow_ops)
     into = exact.filter((pl.col("consumer") == gemm) & (pl.col("input_index") == 0))
     return into["producer"].item() if into.height == 1 else None
 
@@ -83,7 +75,7 @@ def test_tq105_does_not_group_clip_text_and_vision_projections() -> None:
     Data flow gave both the vision LayerNorm as producer (the text value comes from an
     `index` whose output shape opshapes cannot derive); the GEMMs of one group must run
     together, so this pair is no group."""
-    trace = _trace("clip")
+    trace = corpus_trace("clip")
     linears = trace.dataflow_ops.filter(
         (pl.col("name") == "aten::linear") & pl.col("module").str.contains(r"^CLIPModel_0\.Linear_")
     )["event"].to_list()
@@ -100,7 +92,7 @@ def test_tq105_leaves_extern_gemms_fed_by_inductor_kernels_alone() -> None:
     attention op) by element count, so two GEMMs fed by two kernels shared a "producer"
     (the old rule grouped q with nothing and k/v, o/gate/up wrongly). With no shape-matched
     producer the input is unknown: no group."""
-    trace = _trace("llama_compiled")
+    trace = corpus_trace("llama_compiled")
     ops = trace.dataflow_ops
     extern = ops.filter((pl.col("name") == "aten::mm") & pl.col("compiled"))
     assert extern.height >= 7  # q, k, v, o, gate, up, down of one layer (and the lm head)
@@ -116,11 +108,11 @@ def test_tq104_leaves_t5_relative_position_buckets_alone() -> None:
     reading the bucket sum (the most recent [12, 12] long value), a `mul -> add -> abs`
     chain; the ET has `abs(sub)`. Integer-only chains (index arithmetic) are no TQ104
     finding; the float part of the buckets (`div -> log -> div -> mul`) still is."""
-    trace = _trace("t5")
+    trace = corpus_trace("t5")
     ops = trace.dataflow_ops.select("event", "name")
     abs_ops = ops.filter(pl.col("name") == "aten::abs")["event"].to_list()
     assert abs_ops
-    exact = tensor_edges(trace, _et("t5"), trace.dataflow_ops)
+    exact = tensor_edges(trace, corpus_et("t5"), trace.dataflow_ops)
     names = dict(ops.iter_rows())
     for op in abs_ops:  # the ET: abs reads the sub (relative_position), not an add
         producers = exact.filter(pl.col("consumer") == op)["producer"].to_list()

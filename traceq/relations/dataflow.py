@@ -35,6 +35,7 @@ from traceq.relations.matching import (
 )
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
 from traceq.relations.shortcuts import shortcut_reads
 
@@ -243,6 +244,7 @@ def dataflow(
     edges = shortcut_reads(edges, nodes)
     edges = weighted_sum_reads(edges, nodes)
     edges = kv_cache_reads(edges, nodes, returned_inputs(trace, ops))
+    edges = rotary_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

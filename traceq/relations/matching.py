@@ -501,6 +501,22 @@ def _alternating(edges: pl.DataFrame, nodes: pl.DataFrame, twins: pl.DataFrame) 
     )
 
 
+def last_before(
+    left: pl.DataFrame, right: pl.DataFrame, left_on: str, right_on: str, by: list[str]
+) -> pl.DataFrame:
+    """Each `left` row with the last `right` row of the same `by` strictly before it in
+    program order (`left_on` > `right_on`): "the most recent value" the matching rules read."""
+    return left.sort(left_on, maintain_order=True).join_asof(
+        right.sort(right_on, maintain_order=True),
+        left_on=left_on,
+        right_on=right_on,
+        by=by,
+        strategy="backward",
+        allow_exact_matches=False,
+        check_sortedness=False,
+    )
+
+
 def with_moved(edges: pl.DataFrame, moved: pl.DataFrame, why: str) -> pl.DataFrame:
     """`edges` with the `moved` ones (same columns and `_to`) starting at `_to` instead."""
     if moved.height == 0:
@@ -887,14 +903,12 @@ def _nearest(
         .with_columns(pl.int_range(pl.len()).over(*by, "_key").alias("_rank"))
     )
     probe = groups.with_columns(pl.col(left).alias("_key")).drop_nulls("_key").sort("_seq")
-    latest = probe.join_asof(
-        keyed.select(*by, "_key", pl.col("_seq").alias("_pseq"), "_rank").sort("_pseq"),
-        left_on="_seq",
-        right_on="_pseq",
-        by=[*by, "_key"],
-        strategy="backward",
-        allow_exact_matches=False,
-        check_sortedness=False,
+    latest = last_before(
+        probe,
+        keyed.select(*by, "_key", pl.col("_seq").alias("_pseq"), "_rank"),
+        "_seq",
+        "_pseq",
+        [*by, "_key"],
     ).drop_nulls("_rank")
     wanted = (
         latest.with_columns(pl.int_ranges(0, k).alias("_off"))
@@ -1093,18 +1107,8 @@ def _last_list_op(nodes: pl.DataFrame) -> pl.DataFrame:
             pl.lit(None, dtype=pl.Int64).alias("_list_seq"),
             pl.lit(None, dtype=pl.Int64).alias("_list_event"),
         )
-    return (
-        ops.sort("_seq")
-        .join_asof(
-            lists.sort("_list_seq"),
-            left_on="_seq",
-            right_on="_list_seq",
-            by=[*THREAD, "_call"],
-            strategy="backward",
-            allow_exact_matches=False,
-            check_sortedness=False,
-        )
-        .select("event", "_list_seq", "_list_event")
+    return last_before(ops, lists, "_seq", "_list_seq", [*THREAD, "_call"]).select(
+        "event", "_list_seq", "_list_event"
     )
 
 

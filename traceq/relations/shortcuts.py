@@ -21,7 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations import opshapes
-from traceq.relations.matching import THREAD, shape_key, with_moved
+from traceq.relations.matching import THREAD, last_before, shape_key, with_moved
 
 
 def shortcut_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
@@ -161,22 +161,13 @@ def shortcut_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     convs = convs.with_columns(shape_key(pl.col("shape")).alias("_xshape")).rename(
         {"consumer": "_s", "producer": "_v", "input_index": "_sindex", "_seq": "_sseq"}
     )
-    shortcut = (
-        suspects.filter(pl.col("_xshape") != pl.col("_ashape"))
-        .sort("_aseq")
-        .join_asof(
-            convs.select(*THREAD, "_xshape", "_s", "_v", "_sindex", "_sseq", "_sshape").sort(
-                "_sseq"
-            ),
-            left_on="_aseq",
-            right_on="_sseq",
-            by=[*THREAD, "_xshape"],
-            strategy="backward",
-            allow_exact_matches=False,
-            check_sortedness=False,
-        )
-        .filter((pl.col("_sseq") > pl.col("_n2seq")) & (pl.col("_sshape") == pl.col("_ashape")))
-    )
+    shortcut = last_before(
+        suspects.filter(pl.col("_xshape") != pl.col("_ashape")),
+        convs.select(*THREAD, "_xshape", "_s", "_v", "_sindex", "_sseq", "_sshape"),
+        "_aseq",
+        "_sseq",
+        [*THREAD, "_xshape"],
+    ).filter((pl.col("_sseq") > pl.col("_n2seq")) & (pl.col("_sshape") == pl.col("_ashape")))
     # A may read S by shape already: then h gives way to the branch's end, the last GEMM/conv
     # of A's shape before S (`conv2`)
     ends = info.filter(pl.col("kind").is_in([opshapes.GEMM, opshapes.CONV])).select(
@@ -187,16 +178,7 @@ def shortcut_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     )
     read_s = into_add.select(pl.col("_h").alias("_s"), "_a", pl.lit(True).alias("_read_s"))
     shortcut = (
-        shortcut.sort("_sseq")
-        .join_asof(
-            ends.sort("_bseq"),
-            left_on="_sseq",
-            right_on="_bseq",
-            by=[*THREAD, "_ashape"],
-            strategy="backward",
-            allow_exact_matches=False,
-            check_sortedness=False,
-        )
+        last_before(shortcut, ends, "_sseq", "_bseq", [*THREAD, "_ashape"])
         .join(read_s.unique(["_s", "_a"]), on=["_s", "_a"], how="left")
         .with_columns(
             pl.when(pl.col("_read_s").fill_null(False))

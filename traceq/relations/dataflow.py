@@ -23,7 +23,9 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.blend import blend_reads
 from traceq.relations.kv_cache import kv_cache_reads
+from traceq.relations.loop_carried import loop_carried_reads
 from traceq.relations.matching import (
     CONFIDENCE,
     THREAD,
@@ -242,9 +244,10 @@ def dataflow(
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
     edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
     edges = shortcut_reads(edges, nodes)
-    edges = weighted_sum_reads(edges, nodes)
+    edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, returned_inputs(trace, ops))
     edges = rotary_reads(edges, nodes)
+    edges = loop_carried_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

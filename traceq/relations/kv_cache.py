@@ -9,9 +9,9 @@ are read newest first. Read as written instead:
 - the empty pieces: the two most recent empty values made in the call, oldest to keys;
 - the new pieces: the two most recent values of their shape in the call that no op has
   read yet, the one whose nearest GEMM (`k_proj`, `v_proj`; back through the edges) ran
-  first to keys; none where both come from one GEMM (GPT-2's fused `c_attn`);
-- the past (a larger cache, made in another forward call) gets no edge: a value never
-  crosses calls (`matching`).
+  first to keys; where all come from one GEMM (GPT-2's fused `c_attn`: q, k and v), the
+  two the attention does not read beside the cache, the first made to keys;
+- the past (a larger cache, made in another forward call) is `loop_carried`'s.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def kv_cache_reads(
     empty = unread.filter(pl.col("_key") == EMPTY)
     new = unread.filter(pl.col("_key") != EMPTY).unique(["_first", "producer"])
     new = new.join(_projections(new.select("producer").unique(), edges, info), on="producer")
+    new = _one_projection(new, _read_beside(pairs, edges))
     picked = pl.concat(
         [
             _two_latest(empty.with_columns(pl.col("_pseq").alias("_origin")).unique()),
@@ -99,8 +100,7 @@ def kv_cache_reads(
 def _two_latest(values: pl.DataFrame) -> pl.DataFrame:
     """The two most recent values per twin pair and shape, numbered `_nth` (keys 0, values
     1) by their projection's order (`_origin`); none where the two share a projection
-    (GPT-2's one `c_attn` GEMM, split into q, k, v transposed in no fixed order: the ET
-    shows k, v, q)."""
+    (`_one_projection` numbers those by when they were made)."""
     latest = (
         values.sort("_pseq", descending=True)
         .group_by("_first", "_key", maintain_order=True)
@@ -112,6 +112,39 @@ def _two_latest(values: pl.DataFrame) -> pl.DataFrame:
         .sort("_origin", "_pseq")
         .with_columns(pl.int_range(pl.len()).over("_first", "_key").alias("_nth"))
         .select("_first", "_key", "_nth", "producer")
+    )
+
+
+def _one_projection(new: pl.DataFrame, beside: pl.DataFrame) -> pl.DataFrame:
+    """`new`, where all values of a twin pair's shape come from one GEMM (GPT-2's
+    `c_attn`, split into q, k and v, all unread when the cache is updated): the two
+    that nothing reads beside the cache (`_read_beside`: not the query), numbered in
+    the order they were made (k's `view`/`transpose` before v's, in GPT-2's code old
+    and new), or none if not exactly two are left."""
+    one = new.group_by("_first", "_key").agg(pl.col("_origin").n_unique() == 1)
+    one = one.filter(pl.col("_origin")).select("_first", "_key")
+    alone = (
+        new.join(one, on=["_first", "_key"], how="semi")
+        .join(beside, on=["_first", "producer"], how="anti")
+        .filter(pl.len().over("_first", "_key") == 2)
+        .with_columns(pl.col("_pseq").alias("_origin"))
+    )
+    rest = new.join(one, on=["_first", "_key"], how="anti")
+    return pl.concat([rest, alone.select(rest.columns)])
+
+
+def _read_beside(pairs: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
+    """`_first`, `producer`: values read beside the cache, by an op that reads a twin's
+    result too: the query of `sdpa(q, keys, values)`."""
+    twin = pl.concat(
+        [pairs.select("_first", pl.col(c).alias("producer")) for c in ("_first", "_second")]
+    )
+    readers = edges.join(twin, on="producer").select("_first", "consumer").unique()
+    return (
+        edges.join(readers, on="consumer")
+        .join(twin, on=["_first", "producer"], how="anti")
+        .select("_first", "producer")
+        .unique()
     )
 
 

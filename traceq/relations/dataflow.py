@@ -232,7 +232,10 @@ def dataflow(
         from traceq.relations.execution_trace import replace_inferred
 
         return replace_inferred(dataflow(trace, ops), trace, execution_trace, ops)
-    nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace))
+    aliases = returned_inputs(trace, ops)
+    nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace)).with_columns(
+        pl.col("event").is_in(aliases.implode()).alias("_returns_input")
+    )
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
     parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes), scalar_edges(nodes))
@@ -243,7 +246,7 @@ def dataflow(
     edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
     edges = shortcut_reads(edges, nodes)
     edges = weighted_sum_reads(edges, nodes)
-    edges = kv_cache_reads(edges, nodes, returned_inputs(trace, ops))
+    edges = kv_cache_reads(edges, nodes, aliases)
     edges = rotary_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (

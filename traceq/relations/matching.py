@@ -786,6 +786,8 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_shape").alias("_cshape"),
         pl.col("_out_numel").alias("_cnumel"),
         pl.col("name").str.contains(IN_PLACE).alias("_cinplace"),
+        pl.col("_returns_input").alias("_creturns"),
+        pl.col("name").str.contains(r"^\w+::add(\.|$)").alias("_cadd"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(PARTS).alias("_cpart"),
         _trig().alias("_ctrig"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SELF_LAST).alias("_cself_last"),
@@ -956,7 +958,7 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
         (pl.col("_same_module") & (pl.col("_m") > 1)).alias("_prefer"),
     )
     queued = _queued() if earlier is not None else pl.lit(False)
-    ranked = _skipped_norms(ranked, earlier)
+    ranked = _skipped_norms(_without_aliased(ranked, earlier), earlier)
     ranked = (
         ranked.with_columns(
             queued.alias("_queued"),
@@ -981,6 +983,49 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
     return ranked.with_columns(passed_over.any().over(_GROUP).alias("_contested")).filter(
         pl.col("_pick") < pl.col("_m")
     )
+
+
+def _without_aliased(ranked: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFrame:
+    """Drop the candidates a residual add cannot be reading besides a live candidate.
+
+    - A value another live candidate of the same input is: the result of an op that
+      returned its input (`dataflow.RETURNS_INPUT`: dropout in eval mode, a no-op `to`) is
+      the very tensor it read. `h = residual + dropout(dense(x))` (BERT, ViT, T5): `dense(x)`
+      and `dropout(...)` are the two most recent values of the shape, so the add took both
+      and, once the dropout was looked through, read `dense(x)` twice and missed the
+      residual. Counted once, the second slot goes to the next value of the shape.
+    - For an `add` that reads a GEMM's result, that GEMM's input: a residual adds a
+      sublayer's result to the sublayer's input, and a sublayer of one square GEMM
+      (`x + W(x)`) is rare. BERT's `LayerNorm(dropout(dense(h)) + input_tensor)` has `h`
+      (the attention's output, reshaped) as the next most recent value of the shape.
+    """
+    if earlier is None:
+        return ranked
+    aliased = (
+        earlier.filter(pl.col("_creturns"))
+        .select(pl.col("event").alias("_alias"), pl.col("producer").alias("_aliased"))
+        .unique()
+    )
+    gemm_input = earlier.filter(pl.col("_ckind") == opshapes.GEMM).select(
+        pl.col("event").alias("_aliased"), pl.col("producer").alias("_input")
+    )
+    offered = ranked.filter(pl.col("_tier") == 0).select(
+        *_GROUP, pl.col("producer").alias("_alias"), "_cadd"
+    )
+    duplicate = offered.join(aliased, on="_alias").select(
+        *_GROUP, pl.col("_aliased").alias("producer")
+    )
+    gemms = pl.concat(
+        [
+            offered.select(*_GROUP, "_cadd", pl.col("_alias").alias("_aliased")),
+            offered.join(aliased, on="_alias").select(*_GROUP, "_cadd", "_aliased"),
+        ]
+    ).filter("_cadd")
+    residual = gemms.join(gemm_input, on="_aliased").select(
+        *_GROUP, pl.col("_input").alias("producer")
+    )
+    dropped = pl.concat([duplicate, residual]).unique()
+    return ranked.join(dropped, on=[*_GROUP, "producer"], how="anti")
 
 
 NORM_MODULE = r"(?i)norm(_\d+)?$"

@@ -761,8 +761,11 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     found = [f for f in found if f.height]
     if not found:
         return pl.DataFrame()
-    producer_info = nodes.select(
+    written = _argless_before(nodes)
+    producer_info = nodes.join(written, on="event").select(
         pl.col("event").alias("producer"),
+        pl.col("_tree").alias("_ptree"),
+        pl.col("_argless").alias("_pargless"),
         pl.col("_module").alias("_pmodule"),
         pl.col("kind").alias("_pkind"),
         pl.col("_out_shape").alias("_pshape"),
@@ -780,8 +783,10 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         returns_bool().alias("_pbool"),
         _returns_float().alias("_pfloat"),
     )
-    consumer_info = nodes.select(
+    consumer_info = nodes.join(written, on="event").select(
         "event",
+        pl.col("_tree").alias("_ctree"),
+        pl.col("_argless").alias("_cargless"),
         pl.col("kind").alias("_ckind"),
         pl.col("_out_shape").alias("_cshape"),
         pl.col("_out_numel").alias("_cnumel"),
@@ -816,6 +821,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         .join(_last_list_op(nodes), on="event", how="left")
         .filter(~projection & one_call & (~pl.col("_pbool") | (pl.col("_n_bool") > 0)))
         .filter(~(pl.col("_pfloat") & pl.col("_int_only")))  # `_returns_float`
+        .filter(~pl.col("_loose") | ~_overwritable())
         .with_columns(
             (pl.col("_call") == pl.col("_pcall")).alias("_same_module"),
             enclosed.alias("_enclosed"),
@@ -823,6 +829,37 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         )
         .explode("_copy")  # each output of a split can feed its own input
     )
+
+
+def _argless_before(nodes: pl.DataFrame) -> pl.DataFrame:
+    """`_argless`: how many ops that recorded no arguments (Inductor's C++ kernels) ran up
+    to and including each op, under its enclosing op (a compiled graph's call) on its thread."""
+    return nodes.sort("_seq").select(
+        "event",
+        pl.col("input_dims")
+        .is_null()
+        .cast(pl.Int64)
+        .cum_sum()
+        .over([*THREAD, "_tree"])
+        .alias("_argless"),
+    )
+
+
+def _overwritable() -> pl.Expr:
+    """True for a candidate a compiled graph's extern call (`aten::mm` between Inductor's C++
+    kernels) cannot be said to read: a kernel that records no arguments ran in the graph
+    since it was made.
+
+    Inductor reuses buffers and its kernels write in place, and a reducing kernel (a norm)
+    has no shape to match at all, so past such a kernel the element count leads to an older
+    value of the size: in a compiled LLaMA v_proj read q's rotary kernel, the attention k_proj's
+    GEMM, the gate and up GEMMs the attention's output, the LM head the down GEMM (7 edges of
+    the ET corpus, all wrong). The kernel right before the call is still its candidate
+    (`cpp_fused_gelu_0` -> fc2's `addmm`). Where kernels record their arguments (Triton, on
+    GPU) nothing is passed over."""
+    same_graph = pl.col("_ptree") == pl.col("_ctree")
+    since = pl.col("_cargless") - pl.when(same_graph).then(pl.col("_pargless")).otherwise(0)
+    return since > 0
 
 
 BOOL_RESULT = frozenset(

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.indexing import indexed_reads
 from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.list_pieces import query_reads
 from traceq.relations.matching import (
@@ -248,7 +249,7 @@ def dataflow(
     edges = shortcut_reads(edges, nodes)
     edges = weighted_sum_reads(edges, nodes)
     edges = kv_cache_reads(edges, nodes, aliases)
-    edges = query_reads(rotary_reads(edges, nodes), nodes)
+    edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

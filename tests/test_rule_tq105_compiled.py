@@ -17,7 +17,7 @@ from conftest import corpus_paths
 
 import traceq
 from traceq.relations.dataflow import dataflow
-from traceq.relations.execution_trace import load_execution_trace
+from traceq.relations.execution_trace import load_execution_trace, tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.tq105_parallel_gemms import after_argless_ops
@@ -77,3 +77,28 @@ def test_ops_after_an_argless_kernel_in_their_graph() -> None:
         }
     )
     assert sorted(after_argless_ops(ops).to_list()) == [2, 3, 5]
+
+
+def test_extern_calls_read_nothing_made_before_a_kernel_that_ran_since() -> None:
+    """In the compiled LLaMA, each GEMM's activation operand is, by the ET's storages, what
+    the C++ kernel right before it wrote or what an op with recorded outputs wrote with no
+    kernel between: an edge from an older value (v_proj from q's rotary kernel, the gate,
+    up and LM head GEMMs from the attention or the down GEMM, read by element count) is
+    one the trace cannot support. Every inferred edge into the graph's extern calls comes
+    from the op or kernel right before, or is the ET's own (tensor ids)."""
+    kineto, et_path = corpus_paths("llama_compiled")
+    trace = traceq.load(kineto)
+    ops = trace.dataflow_ops.sort("ts_ns", "event")
+    order = {e: i for i, e in enumerate(ops["event"].to_list())}
+    argless = ops.filter(pl.col("input_dims").is_null())["event"].to_list()
+    externs = ops.filter(pl.col("name").str.starts_with("aten::"))["event"]
+    exact = set(
+        tensor_edges(trace, load_execution_trace(et_path))
+        .select("producer", "consumer")
+        .iter_rows()
+    )
+    edges = trace.dataflow.filter(pl.col("consumer").is_in(externs.implode()))
+    assert edges.height >= 4
+    for p, c in edges.select("producer", "consumer").iter_rows():
+        kernels_between = [k for k in argless if order[p] < order[k] < order[c]]
+        assert not kernels_between or (p, c) in exact, (p, c)

@@ -24,7 +24,9 @@ import polars as pl
 
 from traceq.relations import opshapes
 from traceq.relations.blend import blend_reads
+from traceq.relations.indexing import indexed_reads
 from traceq.relations.kv_cache import kv_cache_reads
+from traceq.relations.list_pieces import query_reads
 from traceq.relations.loop_carried import loop_carried_reads
 from traceq.relations.matching import (
     CONFIDENCE,
@@ -234,7 +236,10 @@ def dataflow(
         from traceq.relations.execution_trace import replace_inferred
 
         return replace_inferred(dataflow(trace, ops), trace, execution_trace, ops)
-    nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace))
+    aliases = returned_inputs(trace, ops)
+    nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace)).with_columns(
+        pl.col("event").is_in(aliases.implode()).alias("_returns_input")
+    )
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
     parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes), scalar_edges(nodes))
@@ -245,8 +250,8 @@ def dataflow(
     edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
     edges = shortcut_reads(edges, nodes)
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
-    edges = kv_cache_reads(edges, nodes, returned_inputs(trace, ops))
-    edges = rotary_reads(edges, nodes)
+    edges = kv_cache_reads(edges, nodes, aliases)
+    edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
     edges = loop_carried_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
@@ -574,12 +579,29 @@ def _infer_blind_outputs(nodes: pl.DataFrame, blind: pl.DataFrame) -> pl.DataFra
     return _with_keys(patched)
 
 
+SAVES_RESULT = frozenset(
+    {"relu", "relu_", "threshold", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "elu", "softmax"}
+    | {"_softmax", "log_softmax", "_log_softmax", "dropout", "native_dropout", "layer_norm"}
+    | {"native_layer_norm", "group_norm", "native_group_norm", "batch_norm", "rms_norm"}
+    | {"native_batch_norm", "_fused_rms_norm", "scaled_dot_product_attention", "max_pool2d"}
+    | {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
+    | {"_scaled_dot_product_cudnn_attention", "max_pool2d_with_indices"}
+)
+"""Forward ops whose backward reads what they returned: the result (`relu`'s
+`threshold_backward(grad, result)`, `sigmoid`, `softmax`) or the statistics, mask or
+indices they return beside it (a norm's mean and rstd, dropout's mask, attention's
+logsumexp). The others' backward reads only their inputs: a GEMM's, `gelu`'s, a loss's."""
+
+
 def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
-    """Forward op -> the ops of its autograd backward node, by the autograd sequence number.
+    """Forward op -> the ops of its autograd backward node, by the autograd sequence number,
+    for a forward op whose backward reads what it returned (`SAVES_RESULT`).
 
     The node (`AddmmBackward0`, ...) carries the sequence number of the forward op that
     created it; its work (`aten::mm`, `aten::gelu_backward`, ...) reads the gradient and
-    the tensors the forward op saved. Views and allocations in the node are left out.
+    the tensors the forward op saved. Views and allocations in the node are left out. A
+    GEMM's backward reads the GEMM's inputs, never its result: against the ET corpus each
+    edge out of a `linear`, `gelu` or `mse_loss` into its backward was wrong (5 of 5).
     """
     numbered = all_ops.filter(pl.col("sequence_number").is_not_null())
     if numbered.height == 0:
@@ -590,10 +612,12 @@ def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
         ordered["event"].cast(pl.Int64).gather(root.clip(0)).alias("_root"),
         (root >= 0).alias("_has_root"),
     )
+    saves = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "").is_in(SAVES_RESULT)
     forward = (
         ordered.filter(pl.col("sequence_number").is_not_null() & pl.col("_has_root"))
         .group_by("sequence_number")
         .agg(pl.col("_root").sort_by("ts_ns").last().alias("producer"))
+        .join(nodes.filter(saves).select(pl.col("event").alias("producer")), on="producer")
     )
     backward = ordered.filter(
         pl.col("sequence_number").is_not_null()

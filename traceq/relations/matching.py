@@ -127,7 +127,15 @@ def shape_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     # `h * sigmoid(h)`). An in-place op is none: `x.add_(y)` updates a live value (the
     # corpus: 5 such picks, none right).
     pointwise = pl.col("_ckind").is_in([opshapes.ELEMENTWISE, opshapes.ACTIVATION, opshapes.UNARY])
-    written_out = ~pl.col("_enclosed") & pointwise & ~pl.col("_cinplace")
+    written_out = (
+        ~pl.col("_enclosed")
+        & pointwise
+        & ~pl.col("_cinplace")
+        & (
+            pl.col("_replacer_kind").is_in(_SELF_READING).fill_null(True)
+            | (pl.col("_call") == -1).all()  # no module calls in the trace
+        )
+    )
     chosen = chosen.filter((pl.col("_tier") == 0) | written_out)
     edges = _sibling_gemm_reads(_assign(chosen, inputs), nodes)
     return _scaled_term_reads(_rotate_half_reads(_sin_cos_reads(edges, nodes), nodes), nodes)
@@ -761,8 +769,11 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
     found = [f for f in found if f.height]
     if not found:
         return pl.DataFrame()
-    producer_info = nodes.select(
+    written = _argless_before(nodes)
+    producer_info = nodes.join(written, on="event").select(
         pl.col("event").alias("producer"),
+        pl.col("_tree").alias("_ptree"),
+        pl.col("_argless").alias("_pargless"),
         pl.col("_module").alias("_pmodule"),
         pl.col("kind").alias("_pkind"),
         pl.col("_out_shape").alias("_pshape"),
@@ -780,12 +791,16 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         returns_bool().alias("_pbool"),
         _returns_float().alias("_pfloat"),
     )
-    consumer_info = nodes.select(
+    consumer_info = nodes.join(written, on="event").select(
         "event",
+        pl.col("_tree").alias("_ctree"),
+        pl.col("_argless").alias("_cargless"),
         pl.col("kind").alias("_ckind"),
         pl.col("_out_shape").alias("_cshape"),
         pl.col("_out_numel").alias("_cnumel"),
         pl.col("name").str.contains(IN_PLACE).alias("_cinplace"),
+        pl.col("_returns_input").alias("_creturns"),
+        pl.col("name").str.contains(r"^\w+::add(\.|$)").alias("_cadd"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(PARTS).alias("_cpart"),
         _trig().alias("_ctrig"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SELF_LAST).alias("_cself_last"),
@@ -814,6 +829,7 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         .join(_last_list_op(nodes), on="event", how="left")
         .filter(~projection & one_call & (~pl.col("_pbool") | (pl.col("_n_bool") > 0)))
         .filter(~(pl.col("_pfloat") & pl.col("_int_only")))  # `_returns_float`
+        .filter(~pl.col("_loose") | ~_overwritable())
         .with_columns(
             (pl.col("_call") == pl.col("_pcall")).alias("_same_module"),
             enclosed.alias("_enclosed"),
@@ -821,6 +837,37 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         )
         .explode("_copy")  # each output of a split can feed its own input
     )
+
+
+def _argless_before(nodes: pl.DataFrame) -> pl.DataFrame:
+    """`_argless`: how many ops that recorded no arguments (Inductor's C++ kernels) ran up
+    to and including each op, under its enclosing op (a compiled graph's call) on its thread."""
+    return nodes.sort("_seq").select(
+        "event",
+        pl.col("input_dims")
+        .is_null()
+        .cast(pl.Int64)
+        .cum_sum()
+        .over([*THREAD, "_tree"])
+        .alias("_argless"),
+    )
+
+
+def _overwritable() -> pl.Expr:
+    """True for a candidate a compiled graph's extern call (`aten::mm` between Inductor's C++
+    kernels) cannot be said to read: a kernel that records no arguments ran in the graph
+    since it was made.
+
+    Inductor reuses buffers and its kernels write in place, and a reducing kernel (a norm)
+    has no shape to match at all, so past such a kernel the element count leads to an older
+    value of the size: in a compiled LLaMA v_proj read q's rotary kernel, the attention k_proj's
+    GEMM, the gate and up GEMMs the attention's output, the LM head the down GEMM (7 edges of
+    the ET corpus, all wrong). The kernel right before the call is still its candidate
+    (`cpp_fused_gelu_0` -> fc2's `addmm`). Where kernels record their arguments (Triton, on
+    GPU) nothing is passed over."""
+    same_graph = pl.col("_ptree") == pl.col("_ctree")
+    since = pl.col("_cargless") - pl.when(same_graph).then(pl.col("_pargless")).otherwise(0)
+    return since > 0
 
 
 BOOL_RESULT = frozenset(
@@ -956,7 +1003,7 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
         (pl.col("_same_module") & (pl.col("_m") > 1)).alias("_prefer"),
     )
     queued = _queued() if earlier is not None else pl.lit(False)
-    ranked = _skipped_norms(ranked, earlier)
+    ranked = _skipped_norms(_without_aliased(ranked, earlier), earlier)
     ranked = (
         ranked.with_columns(
             queued.alias("_queued"),
@@ -981,6 +1028,49 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
     return ranked.with_columns(passed_over.any().over(_GROUP).alias("_contested")).filter(
         pl.col("_pick") < pl.col("_m")
     )
+
+
+def _without_aliased(ranked: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFrame:
+    """Drop the candidates a residual add cannot be reading besides a live candidate.
+
+    - A value another live candidate of the same input is: the result of an op that
+      returned its input (`dataflow.RETURNS_INPUT`: dropout in eval mode, a no-op `to`) is
+      the very tensor it read. `h = residual + dropout(dense(x))` (BERT, ViT, T5): `dense(x)`
+      and `dropout(...)` are the two most recent values of the shape, so the add took both
+      and, once the dropout was looked through, read `dense(x)` twice and missed the
+      residual. Counted once, the second slot goes to the next value of the shape.
+    - For an `add` that reads a GEMM's result, that GEMM's input: a residual adds a
+      sublayer's result to the sublayer's input, and a sublayer of one square GEMM
+      (`x + W(x)`) is rare. BERT's `LayerNorm(dropout(dense(h)) + input_tensor)` has `h`
+      (the attention's output, reshaped) as the next most recent value of the shape.
+    """
+    if earlier is None:
+        return ranked
+    aliased = (
+        earlier.filter(pl.col("_creturns"))
+        .select(pl.col("event").alias("_alias"), pl.col("producer").alias("_aliased"))
+        .unique()
+    )
+    gemm_input = earlier.filter(pl.col("_ckind") == opshapes.GEMM).select(
+        pl.col("event").alias("_aliased"), pl.col("producer").alias("_input")
+    )
+    offered = ranked.filter(pl.col("_tier") == 0).select(
+        *_GROUP, pl.col("producer").alias("_alias"), "_cadd"
+    )
+    duplicate = offered.join(aliased, on="_alias").select(
+        *_GROUP, pl.col("_aliased").alias("producer")
+    )
+    gemms = pl.concat(
+        [
+            offered.select(*_GROUP, "_cadd", pl.col("_alias").alias("_aliased")),
+            offered.join(aliased, on="_alias").select(*_GROUP, "_cadd", "_aliased"),
+        ]
+    ).filter("_cadd")
+    residual = gemms.join(gemm_input, on="_aliased").select(
+        *_GROUP, pl.col("_input").alias("producer")
+    )
+    dropped = pl.concat([duplicate, residual]).unique()
+    return ranked.join(dropped, on=[*_GROUP, "producer"], how="anti")
 
 
 NORM_MODULE = r"(?i)norm(_\d+)?$"
@@ -1154,9 +1244,23 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
     overwritten = pl.col("_cinplace") & (pl.col("_pseq") == pl.col("_pseq").min().over(_GROUP))
     return (
         edges.filter(replacing | overwritten.fill_null(False))
+        .sort("_seq")
         .group_by("producer")
-        .agg(pl.col("_seq").min().alias("_replaced_seq"))
+        .agg(
+            pl.col("_seq").first().alias("_replaced_seq"),
+            pl.col("_ckind").first().alias("_replacer_kind"),
+        )
     )
+
+
+_SELF_READING = (opshapes.ACTIVATION, opshapes.UNARY)
+"""Kinds of the op that replaced a value, for which a pointwise op may still read the old
+value: a written-out expression reads its input again after a function of it (`h *
+sigmoid(h)`, `x + 0.044715 * x**3`). A value replaced by a binary op, a view or a copy
+(`rp = rp.abs(); rp.to(...)`, `m = min(m, full_like(m))`) is read again far less often:
+against the ET corpus 15 of 17 such picks were wrong. Only where the trace has module
+calls (`with_modules`): without them every op is at one level and "replaced" says little (HTA's
+module-less traces read `p = sigmoid(z); p.reshape(-1); log(p / (1 - p))` so)."""
 
 
 def _assign(chosen: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:

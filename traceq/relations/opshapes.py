@@ -375,6 +375,12 @@ def kind_of(name: str) -> str:
     return OTHER
 
 
+PAIRWISE_EXTREMES = frozenset({"min", "max"})
+"""Reductions by name that, given two tensors, are elementwise: `torch.min(a, b)` (T5's
+relative position buckets, `-torch.min(rp, torch.zeros_like(rp))`) returns the broadcast
+shape and reads both, where `torch.min(a)` returns a 0-d tensor."""
+
+
 def signature(
     name: str, input_dims: str | None, types: list[str] | None, concrete: list[str] | None
 ) -> Signature:
@@ -394,6 +400,8 @@ def signature(
     ]
     op = base_name(name)
     plain = _plain(op)
+    if plain in PAIRWISE_EXTREMES and len(tensors) == 2:
+        kind = ELEMENTWISE
     try:
         output = _output(kind, plain, op, dims, tensors, concrete)
     except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):

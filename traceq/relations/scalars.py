@@ -18,7 +18,9 @@ where the trace says that value is an operand and not a variable kept for later:
   (`alpha_t ** 0.5 * x`, `(1 - a - s ** 2)`): Python evaluates an operand right before
   the operator that reads it;
 - `torch.tensor(v)` building a 0-d tensor: `empty`, then `to`, `lift_fresh` and
-  `detach_`, each on what the one before returned (`TENSOR_STEPS`).
+  `detach_`, each on what the one before returned (`TENSOR_STEPS`);
+- `loss.backward()` seeding the gradient: `ones_like(loss)` right after the loss, read
+  by the first op of the backward pass at its 0-d gradient argument (`gradient_seed_edges`).
 
 The consumer reads it at its last 0-d tensor argument of that dtype (the operand
 evaluated last). Against the corpus these rules make 75 edges (26 tested bools, 24
@@ -67,6 +69,7 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
             "input_types",
             "data_inputs",
             pl.col("name").is_in(TENSOR_STEPS).alias("_step"),
+            pl.col("name").is_in(SEEDS).alias("_seed"),
         )
         .drop_nulls("producer")
         .explode("data_inputs")
@@ -78,22 +81,83 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("_dtype") != WRAPPED_FLOAT)
     )
     tested = pl.col("_pbool") & (pl.col("_dtype") == "bool")
+    seeded = pl.col("_seed") & (pl.col("_dtype") == pl.col("_pdtype"))
     coefficient = pl.col("_ppow") & (pl.col("_dtype") == pl.col("_pdtype"))
     made = pl.col("_step") & (pl.col("_pdtype").is_null() | (pl.col("_dtype") == pl.col("_pdtype")))
-    return (
-        zero_dim.join(producers, on="producer")
-        .filter((tested | coefficient | made).fill_null(False))
-        .sort("index")
-        .unique("event", keep="last")
-        .select(
-            "producer",
-            pl.col("event").alias("consumer"),
-            pl.col("index").alias("input_index"),
-            pl.col("shape").cast(pl.List(pl.Int64)),
-            pl.lit(CONFIDENCE).alias("confidence"),
-            pl.lit(EVIDENCE).alias("evidence"),
-        )
+    seed = gradient_seed_edges(nodes)
+    return pl.concat(
+        [
+            zero_dim.join(producers, on="producer")
+            .filter((tested | coefficient | made | seeded).fill_null(False))
+            .sort("index")
+            .unique("event", keep="last")
+            .select(
+                "producer",
+                pl.col("event").alias("consumer"),
+                pl.col("index").alias("input_index"),
+                pl.col("shape").cast(pl.List(pl.Int64)),
+                pl.lit(CONFIDENCE).alias("confidence"),
+                pl.lit(EVIDENCE).alias("evidence"),
+            ),
+            seed,
+        ]
     )
+
+
+SEEDS = frozenset({"aten::ones_like"})
+"""What `loss.backward()` runs first: the gradient of the loss, `ones_like(loss)`."""
+
+
+def gradient_seed_edges(nodes: pl.DataFrame) -> pl.DataFrame:
+    """The seed gradient -> the first op of the backward pass that reads a 0-d tensor of
+    its dtype (`mse_loss_backward(grad, input, target)`), on its thread and step.
+
+    The backward pass runs in autograd nodes, not beside the seed, so "the op just before"
+    does not reach it; but the engine starts with the loss's node, whose first op that
+    takes a 0-d gradient is the seed's reader. This is the path from a loss to its
+    backward: the backward node's own ops read the loss's inputs, not its result."""
+    seeds = nodes.filter(
+        pl.col("name").is_in(SEEDS) & (pl.col("output_shape").list.len() == 0)
+    ).select(*THREAD, pl.col("event").alias("producer"), pl.col("_seq").alias("_pseq"), "dtype")
+    if seeds.height == 0:
+        return pl.DataFrame(schema=_SEED_SCHEMA)
+    types = pl.col("input_types")
+    readers = (
+        nodes.filter(pl.col("parent").is_not_null())
+        .select(*THREAD, "event", "_seq", "input_types", "data_inputs")
+        .explode("data_inputs")
+        .unnest("data_inputs")
+        .filter(pl.col("shape").list.len() == 0)
+        .with_columns(types.list.get(pl.col("index"), null_on_oob=True).alias("dtype"))
+        .sort("_seq")
+    )
+    first = seeds.sort("_pseq").join_asof(
+        readers,
+        left_on="_pseq",
+        right_on="_seq",
+        by=[*THREAD, "dtype"],
+        strategy="forward",
+        allow_exact_matches=False,
+        check_sortedness=False,
+    )
+    return first.drop_nulls("event").select(
+        "producer",
+        pl.col("event").alias("consumer"),
+        pl.col("index").alias("input_index"),
+        pl.col("shape").cast(pl.List(pl.Int64)),
+        pl.lit(CONFIDENCE).alias("confidence"),
+        pl.lit("gradient-seed").alias("evidence"),
+    )
+
+
+_SEED_SCHEMA = {
+    "producer": pl.Int64,
+    "consumer": pl.Int64,
+    "input_index": pl.Int64,
+    "shape": pl.List(pl.Int64),
+    "confidence": pl.Float64,
+    "evidence": pl.String,
+}
 
 
 def weighted_sum_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:

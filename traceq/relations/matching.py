@@ -37,6 +37,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.pieces import returned_pieces
 
 WINDOW = 2000
 """Most semantic ops between a producer and its consumer on one thread."""
@@ -943,6 +944,8 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
             .join(_replaced(earlier), on="producer", how="left")
             .join(_first_read(earlier), on="producer", how="left")
             .join(_reduced_squares(earlier), on="producer", how="left")
+            .join(returned_pieces(earlier), on="producer", how="left")
+            .with_columns(pl.col("_enclosed") & ~pl.col("_returned").fill_null(False))
         )
         hidden = (
             hidden

@@ -24,6 +24,7 @@ import polars as pl
 
 from traceq.relations import opshapes
 from traceq.relations.kv_cache import kv_cache_reads
+from traceq.relations.lookups import lookup_reads
 from traceq.relations.matching import (
     CONFIDENCE,
     THREAD,
@@ -245,6 +246,7 @@ def dataflow(
     edges = weighted_sum_reads(edges, nodes)
     edges = kv_cache_reads(edges, nodes, returned_inputs(trace, ops))
     edges = rotary_reads(edges, nodes)
+    edges = lookup_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

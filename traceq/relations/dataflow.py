@@ -361,7 +361,7 @@ def _numbered(
             pl.col("name")
             .str.replace(r"^\w+::", "")
             .str.replace(r"\..*$", "")
-            .is_in(list(opshapes.MULTI_OUTPUT))
+            .is_in(list(opshapes.MULTI_OUTPUT | opshapes.VALUES_AND_INDICES))
             .alias("_multi"),
             numel_key(pl.col("data_inputs").list.first().struct.field("shape")).alias("_in_numel"),
         )

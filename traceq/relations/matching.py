@@ -776,6 +776,11 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_inferred").alias("_pinferred"),
         pl.col("_in_numel").alias("_pin_numel"),
         pl.col("_multi").alias("_pmulti"),
+        pl.col("name")
+        .str.replace(r"^\w+::", "")
+        .str.replace(r"\..*$", "")
+        .is_in(list(opshapes.VALUES_AND_INDICES))
+        .alias("_pindexed"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SQUARES).alias("_psquare"),
         _trig().alias("_ptrig"),
         returns_bool().alias("_pbool"),

@@ -1,4 +1,5 @@
-"""The pieces of a split that a module call returns: its caller reads them.
+"""The outputs of a split (or a `topk`, a `sort`) that a module call returns: its caller
+reads them.
 
 `shift, scale, gate, ... = emb.chunk(6, dim=1)` in a module that uses some of the pieces
 and returns the rest (diffusers' `AdaLayerNormZero` returns `gate_msa, shift_mlp,
@@ -10,6 +11,12 @@ two steps). A split of n pieces whose pieces the call's own ops read fewer than 
 left some unread; a value made and never read is rarer than one returned, so the pieces
 stay visible to the caller. A split whose pieces are all read inside (`q, k, v =
 qkv.chunk(3)`) stays hidden.
+
+`topk` and `sort` return values and indices: a Mixture of Experts router normalizes the
+`topk` weights in its own call and returns the expert indices, unread, to the experts'
+dispatch. What tells the two outputs apart is the dtype the reader takes: indices are
+read where every argument of that shape is an integer (`_int_only`), values elsewhere;
+the outputs stay visible when either kind of read is missing inside the call.
 """
 
 from __future__ import annotations
@@ -18,16 +25,24 @@ import polars as pl
 
 
 def returned_pieces(earlier: pl.DataFrame) -> pl.DataFrame:
-    """`producer`, `_returned`: splits (`_pmulti`, their n pieces of one shape: input
-    elements / piece elements) that the first round's picks (`earlier`) read inside
-    their module call (`_enclosed` false) fewer than n times."""
+    """`producer`, `_returned`: multi-output ops (`_pmulti`) whose outputs the first
+    round's picks (`earlier`) did not all read inside their module call (`_enclosed`
+    false): a split of n pieces of one shape (input elements / piece elements) read fewer
+    than n times, values and indices (`_pindexed`) not read as both."""
     numel = pl.col("_pin_numel").str.slice(1).cast(pl.Int64, strict=False)
     pieces = numel // pl.col("_pnumel").str.slice(1).cast(pl.Int64, strict=False)
-    splits = earlier.filter(pl.col("_pmulti")).select("producer", pieces.alias("_pieces"))
+    outputs = earlier.filter(pl.col("_pmulti")).select(
+        "producer", pl.when("_pindexed").then(2).otherwise(pieces).alias("_pieces")
+    )
     inside = earlier.filter(pl.col("_pmulti") & ~pl.col("_enclosed") & (pl.col("_tier") == 0))
-    reads = inside.group_by("producer").agg(pl.len().alias("_reads"))
+    reads = inside.group_by("producer").agg(
+        pl.when(pl.col("_pindexed").first())
+        .then(pl.col("_int_only").n_unique())
+        .otherwise(pl.len())
+        .alias("_reads")
+    )
     return (
-        splits.unique("producer")
+        outputs.unique("producer")
         .join(reads, on="producer", how="left")
         .select(
             "producer",

@@ -37,7 +37,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations import opshapes
-from traceq.relations.pieces import returned_pieces
+from traceq.relations.pieces import returned_pieces, spare_copies
 
 WINDOW = 2000
 """Most semantic ops between a producer and its consumer on one thread."""
@@ -952,6 +952,7 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
             .join(returned_pieces(earlier), on="producer", how="left")
             .with_columns(pl.col("_enclosed") & ~pl.col("_returned").fill_null(False))
         )
+        ranked = spare_copies(ranked, earlier)
         hidden = (
             hidden
             | (pl.col("_replaced_seq") < pl.col("_seq")).fill_null(False)
@@ -1159,7 +1160,13 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
     ).fill_null(False)
     # an in-place op overwrites its first argument (the earliest producer it reads, as
     # arguments take producers in program order), wherever that value came from
-    overwritten = pl.col("_cinplace") & (pl.col("_pseq") == pl.col("_pseq").min().over(_GROUP))
+    # (of a multi-output op, only the output it read: `topk`'s weights normalized in place
+    # leave its indices as they were)
+    overwritten = (
+        pl.col("_cinplace")
+        & (pl.col("_pseq") == pl.col("_pseq").min().over(_GROUP))
+        & ~pl.col("_pmulti")
+    )
     return (
         edges.filter(replacing | overwritten.fill_null(False))
         .group_by("producer")

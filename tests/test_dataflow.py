@@ -329,6 +329,9 @@ def _shape_cases() -> dict:
         "grouped_mm": lambda: torch._grouped_mm(
             r(6, 8), r(2, 4, 8).transpose(-1, -2), torch.tensor([2, 6], dtype=torch.int32)
         ),
+        "index": lambda: r(5, 7)[torch.tensor([0, 3, 3, 1])],
+        "index_2d": lambda: r(5, 7)[torch.tensor([[0, 1], [2, 4]])],
+        "index_pair": lambda: r(5, 7)[torch.tensor([0, 3]), torch.tensor([6, 1])],
         "upsample_scale": lambda: F.interpolate(r(2, 3, 5, 7), scale_factor=2.0),
         "upsample_size": lambda: F.interpolate(r(2, 3, 5, 7), size=(4, 9)),
         "upsample_bilinear": lambda: F.interpolate(

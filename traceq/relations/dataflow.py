@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.indexing import index_results
 from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.lookups import lookup_reads
 from traceq.relations.matching import (
@@ -157,6 +158,7 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
             | pl.col("_pn").str.contains(COMPILED_REGION).fill_null(False)
         ).alias("compiled")
     )
+    frame = index_results(frame, ops)
     dtype = pl.col("input_types").list.eval(pl.element().filter(~pl.element().is_in(NOT_TENSOR)))
     return frame.select(
         "event",

@@ -10,7 +10,8 @@ corpus: Mixtral's 16 missed and 4 wrong edges). What the op runs says both: it r
 reshapes each index tensor to broadcast it (`reshape(idx, ...)` of an integer tensor),
 on every device (TensorIterator's `restride_src`). So the result has the `as_strided`'s
 size, and each integer tensor a `reshape` or `view` child reads is a data input of the
-indices argument, in order (as the ET numbers a list's tensors, at the list's index).
+indices argument, in order (as the ET numbers a list's tensors, at the list's index),
+whose recorded type becomes theirs.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def index_results(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
             pl.struct(
                 pl.lit(INDICES, dtype=pl.Int64).alias("index"),
                 pl.col("shapes").list.first().alias("shape"),
-            ).alias("_indices")
+            ).alias("_indices"),
+            pl.col("input_types").list.first().first().alias("_index_type"),
         )
     )
     return (
@@ -73,6 +75,18 @@ def index_results(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
             .then(pl.concat_list("data_inputs", "_indices"))
             .otherwise("data_inputs")
             .alias("data_inputs"),
+            # the indices argument's dtype, as for any tensor argument (`matching` pairs
+            # integer values with integer arguments)
+            pl.when(pl.col("_index_type").is_not_null())
+            .then(
+                pl.concat_list(
+                    pl.col("input_types").list.head(INDICES),
+                    pl.col("_index_type"),
+                    pl.col("input_types").list.slice(INDICES + 1),
+                )
+            )
+            .otherwise("input_types")
+            .alias("input_types"),
         )
-        .drop("_size", "_indices")
+        .drop("_size", "_indices", "_index_type")
     )

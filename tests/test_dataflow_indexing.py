@@ -59,3 +59,33 @@ def test_mixtral_dispatch_index_edges_are_the_ets() -> None:
     ids_exact, ids_inferred = pairs(exact, "consumer", 1), pairs(inferred, "consumer", 1)
     assert len(ids_exact) == 6
     assert len(ids_inferred & ids_exact) >= 4 and len(ids_inferred - ids_exact) <= 2
+
+
+def test_index_with_no_recorded_size_stays_unknown() -> None:
+    """An older profiler records no concrete inputs (HTA's MTIA trace: `as_strided`'s size
+    is `''`): the index's result stays unknown instead of failing the load."""
+    from traceq.relations.indexing import index_results
+
+    frame = pl.DataFrame(
+        {
+            "event": [7],
+            "name": ["aten::index"],
+            "output_shape": [None],
+            "input_types": [["double", ""]],
+            "data_inputs": [[{"index": 0, "shape": [21708]}]],
+        },
+        schema_overrides={"output_shape": pl.List(pl.Int64)},
+    )
+    ops = pl.DataFrame(
+        {
+            "event": [8, 9],
+            "parent": [7, 7],
+            "name": ["aten::as_strided", "aten::reshape"],
+            "shapes": [[[21708], [], [], []], [[1024], []]],
+            "input_types": [["double", "", "", ""], ["long int", ""]],
+            "concrete_inputs": [["", "", "", ""], ["", ""]],
+        }
+    )
+    row = index_results(frame, ops).row(0, named=True)
+    assert row["output_shape"] is None
+    assert row["data_inputs"][-1] == {"index": 1, "shape": [1024]}

@@ -21,6 +21,8 @@ import polars as pl
 INDEX = "aten::index"
 INDICES = 1
 """The argument of `aten::index` holding the index tensors."""
+SIZE = r"^\[\s*\d+(\s*,\s*\d+)*\s*\]$"
+"""A recorded size: `[48, 64]`."""
 INTEGER = ("long int", "int", "short int", "signed char", "unsigned char", "bool")
 """Index tensors' dtypes, as the profiler records a tensor argument's type."""
 
@@ -43,13 +45,10 @@ def index_results(frame: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         children.filter(pl.col("name") == "aten::as_strided")
         .sort("_child")
         .unique("event", keep="first")
-        .select(
-            "event",
-            pl.col("concrete_inputs")
-            .list.get(1, null_on_oob=True)
-            .str.json_decode(pl.List(pl.Int64))
-            .alias("_size"),
-        )
+        .select("event", pl.col("concrete_inputs").list.get(1, null_on_oob=True).alias("_size"))
+        # older profilers record no concrete inputs (`''`): the size stays unknown
+        .filter(pl.col("_size").str.contains(SIZE))
+        .with_columns(pl.col("_size").str.json_decode(pl.List(pl.Int64)))
     )
     indices = (
         children.filter(

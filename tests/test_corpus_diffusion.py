@@ -223,6 +223,26 @@ def test_each_unet_geglu_is_one_tq103_finding() -> None:
     assert sum(rule == "TQ103" for rule, _ in _findings("unet", exact=False)) == gelus
 
 
+def test_unet_upsampler_conv_reads_the_upsampled_value() -> None:
+    """`Upsample2D`: `conv(interpolate(x, scale_factor=2.0))`; the conv reads the
+    `upsample_nearest2d` (its output shape from the scale factors), as in the ET."""
+    from traceq.relations.execution_trace import tensor_edges
+
+    trace, et = traceq.load(_paths("unet")[0]), load_execution_trace(_paths("unet")[1])
+    convs = trace.dataflow_ops.filter(
+        (pl.col("name") == "aten::conv2d") & pl.col("module").str.contains(r"Upsample2D_\d+\.")
+    )["event"]
+    assert convs.len() == 2  # one upsampler, two denoising steps
+
+    def into(edges: pl.DataFrame) -> set[tuple[str, int]]:
+        edges = edges.filter(pl.col("consumer").is_in(convs.implode()))
+        return set(edges.select("producer_name", "consumer").iter_rows())
+
+    exact = into(tensor_edges(trace, et))
+    assert {name for name, _ in exact} == {"aten::upsample_nearest2d"}
+    assert into(trace.dataflow) == exact
+
+
 @pytest.fixture(scope="module")
 def record_corpus() -> ModuleType:
     pytest.importorskip("torch")

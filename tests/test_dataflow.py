@@ -326,6 +326,21 @@ def _shape_cases() -> dict:
         "gather": lambda: torch.gather(r(5, 7), 1, torch.tensor([[0, 3]] * 4)),
         "to": lambda: r(3, 4).to(torch.float64),
         "mse_loss": lambda: F.mse_loss(r(3, 4), r(3, 4)),
+        "topk": lambda: torch.topk(r(5, 7), 3)[1],
+        "topk_dim": lambda: torch.topk(r(5, 7), 2, dim=0)[0],
+        "sort": lambda: torch.sort(r(5, 7), dim=0)[1],
+        "histc": lambda: torch.histc(r(40), bins=6, min=-1, max=1),
+        "grouped_mm": lambda: torch._grouped_mm(
+            r(6, 8), r(2, 4, 8).transpose(-1, -2), torch.tensor([2, 6], dtype=torch.int32)
+        ),
+        "index": lambda: r(5, 7)[torch.tensor([0, 3, 3, 1])],
+        "index_2d": lambda: r(5, 7)[torch.tensor([[0, 1], [2, 4]])],
+        "index_pair": lambda: r(5, 7)[torch.tensor([0, 3]), torch.tensor([6, 1])],
+        "upsample_scale": lambda: F.interpolate(r(2, 3, 5, 7), scale_factor=2.0),
+        "upsample_size": lambda: F.interpolate(r(2, 3, 5, 7), size=(4, 9)),
+        "upsample_bilinear": lambda: F.interpolate(
+            r(2, 3, 5, 7), scale_factor=(1.5, 2.0), mode="bilinear"
+        ),
     }
 
 

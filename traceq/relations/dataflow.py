@@ -24,9 +24,10 @@ import polars as pl
 
 from traceq.relations import opshapes
 from traceq.relations.blend import blend_reads
-from traceq.relations.indexing import indexed_reads
+from traceq.relations.indexing import index_results, indexed_reads
 from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.list_pieces import query_reads
+from traceq.relations.lookups import lookup_reads
 from traceq.relations.loop_carried import loop_carried_reads
 from traceq.relations.matching import (
     CONFIDENCE,
@@ -160,6 +161,7 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
             | pl.col("_pn").str.contains(COMPILED_REGION).fill_null(False)
         ).alias("compiled")
     )
+    frame = index_results(frame, ops)
     dtype = pl.col("input_types").list.eval(pl.element().filter(~pl.element().is_in(NOT_TENSOR)))
     return frame.select(
         "event",
@@ -252,7 +254,7 @@ def dataflow(
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
-    edges = loop_carried_reads(edges, nodes)
+    edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")
@@ -367,7 +369,7 @@ def _numbered(
             pl.col("name")
             .str.replace(r"^\w+::", "")
             .str.replace(r"\..*$", "")
-            .is_in(list(opshapes.MULTI_OUTPUT))
+            .is_in(list(opshapes.MULTI_OUTPUT | opshapes.VALUES_AND_INDICES))
             .alias("_multi"),
             numel_key(pl.col("data_inputs").list.first().struct.field("shape")).alias("_in_numel"),
         )

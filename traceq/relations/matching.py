@@ -37,6 +37,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.pieces import returned_pieces, spare_copies
 
 WINDOW = 2000
 """Most semantic ops between a producer and its consumer on one thread."""
@@ -786,6 +787,11 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         pl.col("_out_inferred").alias("_pinferred"),
         pl.col("_in_numel").alias("_pin_numel"),
         pl.col("_multi").alias("_pmulti"),
+        pl.col("name")
+        .str.replace(r"^\w+::", "")
+        .str.replace(r"\..*$", "")
+        .is_in(list(opshapes.VALUES_AND_INDICES))
+        .alias("_pindexed"),
         pl.col("name").str.replace(r"^\w+::", "").is_in(SQUARES).alias("_psquare"),
         _trig().alias("_ptrig"),
         returns_bool().alias("_pbool"),
@@ -990,7 +996,10 @@ def _choose(candidates: pl.DataFrame, earlier: pl.DataFrame | None) -> pl.DataFr
             .join(_replaced(earlier), on="producer", how="left")
             .join(_first_read(earlier), on="producer", how="left")
             .join(_reduced_squares(earlier), on="producer", how="left")
+            .join(returned_pieces(earlier), on="producer", how="left")
+            .with_columns(pl.col("_enclosed") & ~pl.col("_returned").fill_null(False))
         )
+        ranked = spare_copies(ranked, earlier)
         hidden = (
             hidden
             | (pl.col("_replaced_seq") < pl.col("_seq")).fill_null(False)
@@ -1241,7 +1250,13 @@ def _replaced(edges: pl.DataFrame) -> pl.DataFrame:
     ).fill_null(False)
     # an in-place op overwrites its first argument (the earliest producer it reads, as
     # arguments take producers in program order), wherever that value came from
-    overwritten = pl.col("_cinplace") & (pl.col("_pseq") == pl.col("_pseq").min().over(_GROUP))
+    # (of a multi-output op, only the output it read: `topk`'s weights normalized in place
+    # leave its indices as they were)
+    overwritten = (
+        pl.col("_cinplace")
+        & (pl.col("_pseq") == pl.col("_pseq").min().over(_GROUP))
+        & ~pl.col("_pmulti")
+    )
     return (
         edges.filter(replacing | overwritten.fill_null(False))
         .sort("_seq")

@@ -56,6 +56,7 @@ _GEMM = {
     "dot",
     "_scaled_mm",
     "_int_mm",
+    "_grouped_mm",
 }
 _ACTIVATION = {
     "relu",
@@ -323,6 +324,9 @@ unknown, the op after it read the value before it (`generate`'s stopping criteri
 _COLLECTIVE_NS = {"c10d", "_c10d_functional", "c10d_functional"}
 MULTI_OUTPUT = {"chunk", "unsafe_chunk", "split", "unsafe_split", "split_with_sizes", "unbind"}
 """Ops returning several tensors; `output_shape` is the shape they share, when they do."""
+VALUES_AND_INDICES = {"topk", "sort"}
+"""Ops returning two tensors of one shape, the values (the input's dtype) and their indices
+(`long`): a Mixture of Experts router's `topk`, its dispatch's `sort` of the expert ids."""
 NOT_TENSOR = {"Scalar", "ScalarList", "TensorList", "GenericList", "", "None", "String", "Device"}
 """`Input type` values that are not a tensor (a tensor's type is its dtype, e.g. `float`)."""
 
@@ -476,8 +480,8 @@ def _data_positions(kind: str, op: str, i: int) -> set[int]:
     if kind == GEMM:
         if op == "linear":
             return {0}
-        if op in ("addmm", "_addmm_activation", "baddbmm", "addbmm", "addmv"):
-            return {0, 1, 2}
+        if op in ("addmm", "_addmm_activation", "baddbmm", "addbmm", "addmv", "_grouped_mm"):
+            return {0, 1, 2}  # _grouped_mm's third: the group offsets
         return {0, 1}
     if kind == NORM:
         return {0}
@@ -642,7 +646,41 @@ def _output(
         return dims[_GRAD_LIKE[op]]
     if op in _ELEMENTS_SHAPED:
         return dims[0] if _is_shape(dims[0]) else None
+    if op in VALUES_AND_INDICES and first is not None:
+        return _values_and_indices(op, first, concrete)
+    if op.startswith(("upsample_", "_upsample_")) and first is not None:
+        return _upsampled(first, concrete)
+    if op == "histc":  # histc(x, bins=100, min, max): a count per bin
+        return [_int(concrete[1], 100) if len(concrete) > 1 else 100]
     return None
+
+
+def _upsampled(x: Shape, concrete: list[str]) -> Shape | None:
+    """`upsample_nearest2d(x, output_size, ...)` or its `.vec(x, None, scale_factors)`
+    (`F.interpolate`, a UNet's `Upsample2D`): the spatial sizes given, or each spatial
+    size times its scale factor, rounded down; the first list argument says which."""
+    for text in concrete[1:]:
+        if not text.strip().startswith("["):
+            continue
+        if "." in text:  # scale factors
+            factors = [float(f) for f in text.strip("[] ").split(",")]
+            spatial = [math.floor(d * f) for d, f in zip(x[-len(factors) :], factors, strict=True)]
+        else:
+            spatial = _ints(text) or []
+        if not spatial or len(spatial) >= len(x):
+            return None
+        return [*x[: len(x) - len(spatial)], *spatial]
+    return None
+
+
+def _values_and_indices(op: str, x: Shape, concrete: list[str]) -> Shape:
+    """`topk(x, k, dim=-1)`: x with k along dim; `sort(x, ...)`: x."""
+    if op == "sort" or not x:
+        return list(x)
+    d = _dim(_int(concrete[2], -1) if len(concrete) > 2 and concrete[2] else -1, len(x))
+    out = list(x)
+    out[d] = _int(concrete[1])
+    return out
 
 
 ARANGE_NUMBERS = {5: 1, 6: 2, 7: 3, 2: 1, 4: 3}
@@ -683,6 +721,11 @@ def _gemm(op: str, dims: list) -> Shape | None:
         return a[:-1]
     if op == "dot":
         return []
+    if op == "_grouped_mm":  # per-group GEMMs: [M, K] x [G, K, N] -> [M, N], batched 3-d x 3-d
+        a, b = dims[0], dims[1]
+        if len(b) == 3 and len(a) in (2, 3):
+            return [*a[:-1], b[-1]]
+        return None
     return None
 
 

@@ -12,7 +12,9 @@ a second product reads the `rsub`, and an `add` of two values of that shape read
 second product: the `add` reads the first product beside it, and the `rsub` reads the
 mask, the product's older operand (`x`, the value being blended, is computed last:
 `next_tokens` by the `argmax` right before). Where the two operands are one value, or
-neither is older, the `rsub` gets no edge.
+neither is older, the `rsub` gets no edge. Where the `add` was left reading the second
+product alone (the first looked replaced by the `rsub`, so no older value was offered),
+the first product is its first operand, the second its second.
 """
 
 from __future__ import annotations
@@ -86,6 +88,31 @@ def blend_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
         ),
         on=["producer", "consumer", "input_index"],
     )
+    # a sum left reading the second product alone: the first product is its first operand
+    alone = (
+        edges.join(found.select(pl.col("_sum").alias("consumer"), "_p1", "_p2"), on="consumer")
+        .filter(pl.len().over("consumer") == 1)
+        .filter(pl.col("producer") == pl.col("_p2"))
+    )
+    if alone.height:
+        both = pl.concat(
+            [
+                alone.with_columns(
+                    pl.col("_p1").alias("producer"),
+                    pl.lit(0).alias("input_index"),
+                    pl.concat_str("evidence", pl.lit("+blend")).alias("evidence"),
+                ),
+                alone.with_columns(pl.lit(1).alias("input_index")),
+            ]
+        )
+        key = ["producer", "consumer", "input_index"]
+        edges = pl.concat(
+            [
+                edges.join(alone.select(key), on=key, how="anti", nulls_equal=True),
+                both.select(edges.columns),
+            ],
+            how="vertical_relaxed",
+        )
     # the mask: the product's older operand, where the other one is newer
     operands = first.group_by("consumer").agg(
         pl.col("producer").sort_by("_pseq").first().alias("_mask"),

@@ -441,3 +441,15 @@ def kineto_case(request: pytest.FixtureRequest) -> TraceCase:
     stdlib's view of it."""
     path: Path = request.param
     return TraceCase(path=path, label=_label(path))
+
+
+def edges_into(trace: traceq.Trace, et: pl.DataFrame, consumers: pl.Series) -> tuple[set, set]:
+    """(inferred, exact) (producer, consumer) pairs into `consumers` (trace events), the
+    exact ones from the ET's tensor ids."""
+    from traceq.relations.execution_trace import tensor_edges
+
+    key = ["producer", "consumer"]
+    into = pl.col("consumer").is_in(consumers.implode())
+    inferred = set(trace.dataflow.filter(into).select(key).iter_rows())
+    exact = set(tensor_edges(trace, et).filter(into).select(key).iter_rows())
+    return inferred, exact

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import corpus_et, corpus_trace
+from conftest import corpus_et, corpus_trace, edges_into
 
 import traceq
 from traceq.relations.execution_trace import tensor_edges
@@ -100,13 +100,6 @@ def test_the_op_after_an_index_reads_no_older_value(entry: str) -> None:
     trace, et = corpus_trace(entry), corpus_et(entry)
     ops = trace.dataflow_ops.sort("pid", "tid", "ts_ns", "event")
     after = ops.filter(pl.col("name").shift(1).over("pid", "tid") == "aten::index")
-    consumers = after["event"].implode()
-    key = ["producer", "consumer"]
-    exact = set(
-        tensor_edges(trace, et).filter(pl.col("consumer").is_in(consumers)).select(key).iter_rows()
-    )
-    inferred = set(
-        trace.dataflow.filter(pl.col("consumer").is_in(consumers)).select(key).iter_rows()
-    )
+    inferred, exact = edges_into(trace, et, after["event"])
     assert after.height >= 1
     assert inferred <= exact

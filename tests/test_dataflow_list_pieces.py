@@ -11,23 +11,14 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from conftest import corpus_et, corpus_trace
-
-from traceq.relations.execution_trace import tensor_edges
+from conftest import corpus_et, corpus_trace, edges_into
 
 
 @pytest.mark.parametrize("entry", ["llama_mha", "whisper", "t5"])
 def test_attention_with_a_kv_cache_reads_q_and_the_caches(entry: str) -> None:
     trace, et = corpus_trace(entry), corpus_et(entry)
     attention = trace.dataflow_ops.filter(pl.col("name").str.contains("scaled_dot_product"))
-    consumers = attention["event"].implode()
-    key = ["producer", "consumer"]
-    exact = set(
-        tensor_edges(trace, et).filter(pl.col("consumer").is_in(consumers)).select(key).iter_rows()
-    )
-    inferred = set(
-        trace.dataflow.filter(pl.col("consumer").is_in(consumers)).select(key).iter_rows()
-    )
+    inferred, exact = edges_into(trace, et, attention["event"])
     assert len(exact) >= 3 * attention.height
     assert inferred <= exact
     assert len(exact - inferred) <= 1  # t5's cross-attention mask: a `zeros` of a layer before

@@ -11,10 +11,17 @@ Both tests fail on the code before `dataflow.SAVES_RESULT` and
 
 from __future__ import annotations
 
-import polars as pl
-from conftest import corpus_et, corpus_trace
+from pathlib import Path
 
+import polars as pl
+import pytest
+from conftest import FIXTURES, SHARED_TRACES, corpus_et, corpus_trace
+
+import traceq
+from traceq.relations import gradients, opshapes
 from traceq.relations.execution_trace import tensor_edges
+from traceq.rules.config import Config
+from traceq.rules.engine import run
 
 ENTRY = "ddp_train"
 
@@ -44,3 +51,57 @@ def test_no_edge_rests_on_the_sequence_number_where_the_backward_reads_inputs() 
     exact = set(tensor_edges(trace, et).select(key).iter_rows())
     fwdbwd = set(trace.dataflow.filter(pl.col("evidence") == "fwdbwd").select(key).iter_rows())
     assert fwdbwd <= exact
+
+
+def _siblings(trace: traceq.Trace, nodes: tuple[str, ...]) -> set[tuple[int, int]]:
+    """Inferred edges between two ops directly under one autograd node named in `nodes`,
+    neither of them a view: two gradients of one product, by the node's formula."""
+    ops = trace.dataflow_ops.filter(pl.col("kind") != opshapes.VIEW)
+    names = trace.ops.select(pl.col("event").cast(pl.Int64).alias("parent"), "name")
+    under = ops.join(names.filter(pl.col("name").is_in(nodes)), on="parent").select(
+        "event", "parent"
+    )
+    return set(
+        trace.dataflow.join(under.rename({"event": "producer"}), on="producer")
+        .join(under.rename({"event": "consumer"}), on="consumer")
+        .filter(pl.col("parent") == pl.col("parent_right"))
+        .select("producer", "consumer")
+        .iter_rows()
+    )
+
+
+def test_the_two_gemms_of_an_addmm_backward_read_each_other_no_value() -> None:
+    """`AddmmBackward0` runs `grad.mm(mat2.t())` and `mat1.t().mm(grad)`: shape and order
+    read the second GEMM as consuming the first; the ET says neither reads the other."""
+    trace, et = corpus_trace(ENTRY), corpus_et(ENTRY)
+    exact = set(tensor_edges(trace, et).select("producer", "consumer").iter_rows())
+    between = _siblings(corpus_trace(ENTRY), ("AddmmBackward0",))
+    assert not between & exact  # the ET has no such edge
+    assert not between
+
+
+GPU_TRAINING = [
+    FIXTURES / "gpu" / "hta-sampled_rank-0.json.gz",
+    SHARED_TRACES / "hta/tests/data/trace_diff/control/control.json.gz",
+]
+
+
+@pytest.mark.parametrize("path", GPU_TRAINING, ids=lambda p: p.parent.name + "/" + p.name)
+def test_no_gradient_of_a_product_reads_another_on_gpu_training_traces(path: Path) -> None:
+    """HTA's training traces: `MulBackward0`'s `grad * other` and `grad * self` were read as
+    a chain (`mul -> mul`), and TQ104 reported it as pointwise ops to fuse (48 findings on
+    `trace_diff/control`)."""
+    if not path.exists():
+        pytest.skip(f"{path} is not here (../shared is only on the workplace's machines)")
+    trace = traceq.load(path, cache=False)
+    assert trace.ops.filter(pl.col("name") == "MulBackward0").height > 0
+    assert not _siblings(trace, tuple(gradients.PRODUCT_RULE))
+    findings = [set(f.ops) for f in run(trace, Config(select=["TQ104"])).findings]
+    under = trace.dataflow_ops.join(
+        trace.ops.filter(pl.col("name") == "MulBackward0").select(
+            pl.col("event").cast(pl.Int64).alias("parent")
+        ),
+        on="parent",
+    )
+    gradients_of = [set(p) for p in under.group_by("parent").agg("event")["event"].to_list()]
+    assert not [(g, f) for g in gradients_of for f in findings if len(g & f) > 1]

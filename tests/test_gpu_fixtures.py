@@ -387,3 +387,24 @@ def test_tq105_saving_is_a_launch_and_an_input_read_per_merged_gemm(raw) -> None
         assert launch == pytest.approx(launch_median_us)
         modeled = (len(gemms) - 1) * (launch + x_bytes / (bandwidth_gbs * 1e3))
         assert finding.est_saving_us == pytest.approx(min(modeled, sum(times) - max(times)))
+
+
+def test_tq105_groups_no_backward_gemms_by_input_shape_alone(raw) -> None:
+    """A GEMM an autograd node runs reads a gradient or a saved tensor, never a graph
+    input: "graph input, same shape" grouped `grad.mm(W)` of two heads of this rank, each
+    reading its own head's gradient (35 such findings before). A backward group needs a
+    producer both GEMMs read. Autograd nodes are found in the raw JSON: a CPU event named
+    `...Backward<n>` on the GEMM's thread whose span holds the GEMM."""
+    r = raw(SAMPLED)
+    nodes = defaultdict(list)
+    for i in r.where(lambda e: e.get("ph") == "X" and re.search(r"Backward\d*$", e["name"])):
+        nodes[r.events[i]["tid"]].append((r.start(i), r.end(i)))
+
+    def in_backward(i: int) -> bool:
+        start, end = r.start(i), r.end(i)
+        return any(s <= start and end <= e for s, e in nodes[r.events[i]["tid"]])
+
+    findings = analysis(traceq.load(SAMPLED), select="TQ105").findings
+    backward = [f for f in findings if all(in_backward(g) for g in f.ops)]
+    assert sum(len(v) for v in nodes.values()) > 100  # the rank runs its backward pass
+    assert all(f.evidence["source"] is not None for f in backward)

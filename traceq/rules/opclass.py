@@ -481,6 +481,19 @@ def inner_activations(ctx: Context) -> pl.DataFrame:
     )
 
 
+AUTOGRAD_NODE = r"Backward\d*$|^autograd::engine::evaluate_function: |^<backward op>$"
+"""An autograd node as the profiler names it (`AddmmBackward0`, the engine's frame around
+one, or a trace's anonymised `<backward op>`)."""
+
+
+def autograd_work(ctx: Context) -> pl.Series:
+    """Events of the fusion ops an autograd node runs: the backward pass's work."""
+    nodes = ctx.trace.ops.filter(pl.col("name").str.contains(AUTOGRAD_NODE)).select(
+        pl.col("event").cast(pl.Int64).alias("parent")
+    )
+    return fusion_ops(ctx).join(nodes, on="parent", how="semi")["event"]
+
+
 def fusion_edges(ctx: Context) -> pl.DataFrame:
     """The analysis' data-flow edges with views bypassed (`through_views`), once."""
     return ctx.cached("fusion.edges", lambda: through_views(fusion_ops(ctx), ctx.edges))

@@ -30,6 +30,7 @@ import polars as pl
 from traceq.rules.base import Context, rule
 from traceq.rules.finding import Finding
 from traceq.rules.opclass import (
+    autograd_work,
     details,
     fusion_edges,
     fusion_ops,
@@ -103,10 +104,16 @@ def parallel_gemms(
     min_gemms: int = 2,
     max_ops_between: int = 16,
     min_confidence: float = 0.0,
+    backward: pl.Series | None = None,
 ) -> pl.DataFrame:
     """One row per group of GEMMs sharing an input: `gemms` (event ids, in order), `n`,
     `source` (the producer op, or null for a graph input), `x_shape`, `k`, `ns` (output
     features of each), `x_bytes` (size of the shared input), `confidence`.
+
+    `backward` GEMMs (an autograd node's work) read a gradient or a saved tensor, never a
+    graph input: one with no edge into its input has an unknown input. On HTA's GPU
+    training traces "graph input, same shape" grouped the `grad.mm(W)` of two heads, each
+    reading its own head's gradient (38 findings on one rank).
     """
     ordered = ops.with_columns(
         pl.col("ts_ns").rank("ordinal").over("pid", "tid").cast(pl.Int64).alias("_seq")
@@ -143,6 +150,8 @@ def parallel_gemms(
         & ~pl.col("event").is_in(read_something["event"].implode())
         & ~pl.col("event").is_in(after_argless_ops(ordered).implode())
     )
+    if backward is not None:
+        graph_input = graph_input & ~pl.col("event").is_in(backward.implode())
     key = ["x_shape", "k", "dtype"]
     by_source = _bursts(
         gemms.filter(pl.col("source").is_not_null()),
@@ -252,6 +261,7 @@ def check(ctx: Context) -> Iterator[Finding]:
         min_gemms=ctx.options["min_gemms"],
         max_ops_between=ctx.options["max_ops_between"],
         min_confidence=ctx.options["min_confidence"],
+        backward=autograd_work(ctx),
     )
     rows = details(ops, groups["gemms"].explode().to_list())
     launch_us = ctx.device.launch_overhead_us

@@ -11,14 +11,15 @@ Both tests fail on the code before `dataflow.SAVES_RESULT` and
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import FIXTURES, SHARED_TRACES, corpus_et, corpus_trace
+from conftest import FIXTURES, SHARED_TRACES, Raw, corpus_et, corpus_trace
 
 import traceq
-from traceq.relations import gradients, opshapes
+from traceq.relations import gradients, opshapes, reducer
 from traceq.relations.execution_trace import tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
@@ -105,3 +106,48 @@ def test_no_gradient_of_a_product_reads_another_on_gpu_training_traces(path: Pat
     )
     gradients_of = [set(p) for p in under.group_by("parent").agg("event")["event"].to_list()]
     assert not [(g, f) for g in gradients_of for f in findings if len(g & f) > 1]
+
+
+def test_no_edge_leaves_what_ddps_reducer_writes_into_a_bucket() -> None:
+    """`reducer::mul_out` scales each gradient into its bucket view, read next by the
+    bucket's allreduce: the ET has no edge out of it, and shape and order had five (into
+    the next parameter's scaling, the `copy_` back into `.grad`, the optimizer's `add_`)."""
+    trace, et = corpus_trace(ENTRY), corpus_et(ENTRY)
+    frames = trace.ops.filter(pl.col("name").str.starts_with(reducer.REDUCER))
+    written = trace.dataflow_ops.join(
+        frames.select(pl.col("event").cast(pl.Int64).alias("parent")), on="parent", how="semi"
+    )["event"]
+    assert written.len() == 4  # one per parameter of the two Linear layers
+    out_of = pl.col("producer").is_in(written.implode())
+    assert tensor_edges(trace, et).filter(out_of).height == 0
+    assert trace.dataflow.filter(out_of).height == 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        FIXTURES / "gpu" / "hta-sampled_rank-0.json.gz",
+        SHARED_TRACES / "hta/tests/data/mtia_trace_single_rank/mtia_rank_0.json.gz",
+    ],
+    ids=lambda p: p.name,
+)
+def test_no_pointwise_chain_strings_ddps_per_parameter_scalings_together(path: Path) -> None:
+    """On GPU training ranks TQ104 reported `reducer::mul_out` after `reducer::mul_out`
+    (each scaling another parameter's gradient) as a chain to fuse: 9 such findings, up to
+    16 ops long. The reducer frames are read from the raw JSON here: a CPU event named
+    `torch::distributed::reducer::...` on the op's thread whose span holds it."""
+    if not path.exists():
+        pytest.skip(f"{path} is not here (../shared is only on the workplace's machines)")
+    raw = Raw(path)
+    frames = defaultdict(list)
+    for i in raw.where(lambda e: e.get("ph") == "X" and e["name"].startswith(reducer.REDUCER)):
+        frames[raw.events[i]["tid"]].append((raw.start(i), raw.end(i)))
+
+    def scaling(i: int) -> bool:
+        start, end = raw.start(i), raw.end(i)
+        inside = [(s, e) for s, e in frames[raw.events[i]["tid"]] if s <= start and end <= e]
+        return bool(inside) and raw.events[i]["name"] == "aten::mul"
+
+    assert sum(map(len, frames.values())) >= 19
+    findings = run(traceq.load(path, cache=False), Config(select=["TQ104"])).findings
+    assert not [f.ops for f in findings if sum(map(scaling, f.ops)) > 1]

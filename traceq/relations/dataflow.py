@@ -41,6 +41,7 @@ from traceq.relations.matching import (
 )
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations.reducer import reducer_reads
 from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
 from traceq.relations.shortcuts import shortcut_reads
@@ -256,7 +257,7 @@ def dataflow(
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
     edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
-    edges = gradient_reads(edges, nodes, trace.ops)
+    edges = reducer_reads(gradient_reads(edges, nodes, trace.ops), nodes, trace.ops)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

@@ -45,6 +45,7 @@ from traceq.relations.reducer import reducer_reads
 from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
 from traceq.relations.shortcuts import shortcut_reads
+from traceq.relations.unsized_views import unsized_view_reads
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
@@ -258,6 +259,7 @@ def dataflow(
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
     edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
     edges = reducer_reads(gradient_reads(edges, nodes, trace.ops), nodes, trace.ops)
+    edges = unsized_view_reads(edges, nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

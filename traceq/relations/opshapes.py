@@ -776,11 +776,13 @@ def _view_output(op: str, dims: list, x: Shape | None, concrete: list[str]) -> S
         drop = {_dim(d, rank) for d in which}
         return [s for k, s in enumerate(x) if not (k in drop and s == 1)]
     if op == "flatten":
-        start = _dim(_int(concrete[1], 0), rank) if rank else 0
-        end = _dim(_int(concrete[2], -1), rank) if rank else 0
+        # an int left out of `Concrete Inputs` (PyTorch before 2.2 records none) is
+        # unknown, not its default: `flatten(x, 1)` is no `flatten(x)`
+        start = _dim(_int(concrete[1]), rank) if rank else 0
+        end = _dim(_int(concrete[2]), rank) if rank else 0
         return [*x[:start], math.prod(x[start : end + 1]), *x[end + 1 :]]
     if op == "slice":
-        d = _dim(_int(concrete[1], 0), rank)
+        d = _dim(_int(concrete[1]), rank)  # unrecorded: unknown, as for `flatten`
         start = _int(concrete[2], 0) or 0
         end = _int(concrete[3], x[d])
         step = _int(concrete[4], 1) or 1

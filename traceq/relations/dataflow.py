@@ -40,6 +40,7 @@ from traceq.relations.matching import (
 )
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations.repeats import repeated_reads
 from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
 from traceq.relations.shortcuts import shortcut_reads
@@ -124,9 +125,9 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
 
     Columns: event, name, pid, tid, ts_ns, dur_ns, step, module, parent (enclosing
     non-semantic op, e.g. an autograd node), compiled (an Inductor kernel or an op of a
-    compiled graph), input_dims, shapes, input_types, dtype, kind (gemm, activation,
-    elementwise, ...; `opshapes`), output_shape, data_inputs, kernel_events, kernel_names,
-    gpu_ns, cpu_ns, n_kernels.
+    compiled graph), input_dims, shapes, input_types, concrete_inputs, dtype, kind (gemm,
+    activation, elementwise, ...; `opshapes`), output_shape, data_inputs, kernel_events,
+    kernel_names, gpu_ns, cpu_ns, n_kernels.
     """
     ops = trace.ops.sort("event")
     root = semantic_root(ops)
@@ -177,6 +178,7 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
         "input_dims",
         "shapes",
         "input_types",
+        "concrete_inputs",
         dtype.list.first().alias("dtype"),
         "kind",
         "output_shape",
@@ -254,7 +256,7 @@ def dataflow(
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
-    edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
+    edges = repeated_reads(loop_carried_reads(lookup_reads(edges, nodes), nodes), nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

@@ -4,11 +4,14 @@ Code that applies the same step to several tensors (`generate` preparing each mo
 input: `input_ids[:, -1:]`, then `position_ids[:, -1:]`) runs the same op with the same
 shapes and arguments once per tensor. Shape and order give both runs the most recent
 value of the shape, so both read one value, and computed one result twice: code rarely
-does that on purpose (an even split, `x[..., :h], x[..., h:]`, has other arguments). In
-`generate` the two values are the carried `input_ids` and position ids, both grown by a
-`cat` of one shape, and the second slice read the `input_ids` (the ET corpus: 6 wrong
-edges). So where two runs of one op (name, shapes, recorded arguments), at most `REACH`
-ops apart in one module call, read one value, the second reads the value of that shape
+does that on purpose (an even split, `x[..., :h], x[..., h:]`, has other arguments). Only
+an op of one tensor argument whose other arguments the trace records is known to compute
+the same thing twice: two GEMMs of one shape in a backward read one gradient and two
+different operands (`grad @ W`, `x.T @ grad`). In `generate` the two values are the
+carried `input_ids` and position ids, both grown by a `cat` of one shape, and the second
+slice read the `input_ids` (the ET corpus: 6 wrong edges). So where two runs of one op
+(name, shapes, recorded arguments), at most `REACH` ops apart in one module call, read
+one value, the second reads the value of that shape
 made before it, if an op of the same name (another `cat`) made it in the same call with
 no value of the shape between: two values of one kind, one per run. Else nothing moves.
 
@@ -45,8 +48,11 @@ def repeated_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
             "_call",
             "name",
             pl.col("input_dims").cast(pl.String).alias("_dims"),
-            pl.col("concrete_inputs").list.join("\x1f").fill_null("").alias("_args"),
+            pl.col("concrete_inputs").list.join("\x1f").alias("_args"),
+            "data_inputs",
+            "concrete_inputs",
         )
+        .filter((pl.col("data_inputs").list.len() == 1) & pl.col("concrete_inputs").is_not_null())
         .drop_nulls("_dims")
         .sort("_seq")
         .with_columns(

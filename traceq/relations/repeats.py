@@ -11,9 +11,9 @@ different operands (`grad @ W`, `x.T @ grad`). In `generate` the two values are 
 carried `input_ids` and position ids, both grown by a `cat` of one shape, and the second
 slice read the `input_ids` (the ET corpus: 6 wrong edges). So where two runs of one op
 (name, shapes, recorded arguments), at most `REACH` ops apart in one module call, read
-one value, the second reads the value of that shape
-made before it, if an op of the same name (another `cat`) made it in the same call with
-no value of the shape between: two values of one kind, one per run. Else nothing moves.
+one value, the second reads the value of that shape made before it, if an op of the
+same name (another `cat`) made it in the same call with no value of the shape between:
+two values of one kind, one per run. Else nothing moves.
 
 The two results are two values too, and where they are a call's arguments (made in the
 caller, outside any module call, then handed to a forward: `model(input_ids=...,

@@ -256,7 +256,8 @@ def dataflow(
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
-    edges = repeated_reads(loop_carried_reads(lookup_reads(edges, nodes), nodes), nodes)
+    edges = repeated_reads(edges, nodes)
+    edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

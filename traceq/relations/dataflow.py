@@ -42,6 +42,7 @@ from traceq.relations.matching import (
 from traceq.relations.nesting import enclosing
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
 from traceq.relations.reducer import reducer_reads
+from traceq.relations.repeats import repeated_reads
 from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
 from traceq.relations.shortcuts import shortcut_reads
@@ -127,9 +128,9 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
 
     Columns: event, name, pid, tid, ts_ns, dur_ns, step, module, parent (enclosing
     non-semantic op, e.g. an autograd node), compiled (an Inductor kernel or an op of a
-    compiled graph), input_dims, shapes, input_types, dtype, kind (gemm, activation,
-    elementwise, ...; `opshapes`), output_shape, data_inputs, kernel_events, kernel_names,
-    gpu_ns, cpu_ns, n_kernels.
+    compiled graph), input_dims, shapes, input_types, concrete_inputs, dtype, kind (gemm,
+    activation, elementwise, ...; `opshapes`), output_shape, data_inputs, kernel_events,
+    kernel_names, gpu_ns, cpu_ns, n_kernels.
     """
     ops = trace.ops.sort("event")
     root = semantic_root(ops)
@@ -180,6 +181,7 @@ def dataflow_ops(trace: Trace) -> pl.DataFrame:
         "input_dims",
         "shapes",
         "input_types",
+        "concrete_inputs",
         dtype.list.first().alias("dtype"),
         "kind",
         "output_shape",
@@ -257,6 +259,7 @@ def dataflow(
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
+    edges = repeated_reads(edges, nodes)
     edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
     edges = reducer_reads(gradient_reads(edges, nodes, trace.ops), nodes, trace.ops)
     edges = unsized_view_reads(edges, nodes)

@@ -11,7 +11,10 @@ are read newest first. Read as written instead:
   read yet, the one whose nearest GEMM (`k_proj`, `v_proj`; back through the edges) ran
   first to keys; where all come from one GEMM (GPT-2's fused `c_attn`: q, k and v), the
   two the attention does not read beside the cache, the first made to keys;
-- the past (a larger cache, made in another forward call) is `loop_carried`'s.
+- the past (a larger cache, made in another forward call) is `loop_carried`'s;
+- a sliding-window cache (`DynamicSlidingWindowLayer`: Mistral, Gemma 2/3, Qwen2) then
+  keeps the window for the next call, `self.keys = full_keys[:, :, -w + 1:]`, and the
+  same for values, and returns the full `keys, values` to the attention: `kept_windows`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations import opshapes
-from traceq.relations.matching import CONFIDENCE, THREAD, list_twins, shape_key
+from traceq.relations.matching import CONFIDENCE, THREAD, list_twins, shape_key, with_moved
 
 EMPTY = "s0"
 """`shape_key` of an empty tensor (`torch.tensor([])`: a cache before its first step)."""
@@ -94,7 +97,78 @@ def kv_cache_reads(
             _two_latest(new),
         ]
     )
-    return _with_pieces(edges, picked, slots)
+    return kept_windows(_with_pieces(edges, picked, slots), nodes, twins)
+
+
+WINDOW_OPS = ("aten::slice", "aten::narrow")
+"""How a sliding-window cache cuts the window it keeps."""
+
+
+def kept_windows(edges: pl.DataFrame, nodes: pl.DataFrame, twins: pl.DataFrame) -> pl.DataFrame:
+    """`edges` with the windows a sliding-window cache keeps read as written.
+
+    Right after the twin update, the cache slices each result, keys first, into the state
+    it keeps, and returns the full results: two slices of one shape whose input has the
+    twins' shape, the two ops after them in their call. Shape and order read the most
+    recent value of the shape for both (the values' `cat` for the keys' slice, the keys'
+    slice for the values'), and while the sequence is shorter than the window the slices
+    are as long as the full results, so the attention read the slices (the ET corpus:
+    Mistral, 8 wrong edges). So the i-th slice reads the i-th twin, and an op of the call
+    that read a slice of the full shape reads the twin instead: the kept window is read
+    by the next call, not this one.
+    """
+    if twins.height == 0:
+        return edges
+    info = nodes.select("event", "_seq", *THREAD, "_call", "name", "_out_shape", "data_inputs")
+    order = info.select("event", "_seq", *THREAD, "_call")
+    cuts = info.filter(pl.col("name").is_in(WINDOW_OPS)).select(
+        pl.col("_seq").alias("_cut_seq"),
+        *THREAD,
+        "_call",
+        pl.col("event").alias("_cut"),
+        pl.col("_out_shape").alias("_cut_shape"),
+        shape_key(pl.col("data_inputs").list.first().struct.field("shape")).alias("_cut_in"),
+    )
+    pairs = (
+        twins.join(order.rename({"event": "_second"}), on="_second")
+        .join(info.select(pl.col("event").alias("_first"), "_out_shape"), on="_first")
+        .with_columns(pl.int_ranges(1, 3).alias("_nth"))
+        .explode("_nth")
+        .with_columns((pl.col("_seq") + pl.col("_nth")).alias("_cut_seq"))
+        .join(cuts, on=["_cut_seq", *THREAD, "_call"])
+        .filter(pl.col("_cut_in") == pl.col("_out_shape"))
+        .filter(
+            (pl.len().over("_first") == 2) & (pl.col("_cut_shape").n_unique().over("_first") == 1)
+        )
+        .select(
+            pl.when(pl.col("_nth") == 1).then("_first").otherwise("_second").alias("_twin"),
+            "_cut",
+            "_call",
+            (pl.col("_cut_shape") == pl.col("_out_shape")).alias("_whole"),
+        )
+    )
+    if pairs.height == 0:
+        return edges
+    into_cut = edges.join(pairs, left_on="consumer", right_on="_cut", how="semi").filter(
+        pl.col("input_index") == 0
+    )
+    cut_reads = into_cut.unique("consumer").join(
+        pairs.select(pl.col("_cut").alias("consumer"), "_twin"), on="consumer"
+    )
+    whole = pairs.filter("_whole").select(pl.col("_cut").alias("producer"), "_twin", "_call")
+    readers = (
+        edges.join(whole, on="producer")
+        .join(
+            order.select(pl.col("event").alias("consumer"), pl.col("_call").alias("_rcall")),
+            on="consumer",
+        )
+        .filter(pl.col("_rcall") == pl.col("_call"))
+        .join(pairs, left_on="consumer", right_on="_cut", how="anti")
+        .select(*edges.columns, "_twin")
+    )
+    moved = pl.concat([cut_reads.select(*edges.columns, "_twin"), readers])
+    moved = moved.filter(pl.col("producer") != pl.col("_twin")).rename({"_twin": "_to"})
+    return with_moved(edges, moved, "+kept-window")
 
 
 def _two_latest(values: pl.DataFrame) -> pl.DataFrame:

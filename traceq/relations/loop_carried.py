@@ -17,13 +17,19 @@ list ops of one name and module returned shape S and then n list ops there read 
 of shape S into a longer result, the i-th read the i-th (keys before values, positions
 before tokens: the order the code concatenates them in). Where the counts differ, or a
 reader ran before the last of them, nothing is read: unknown beats wrong.
+
+The new piece is often made from the carried value itself, `cat([x, x[:, -1:] + 1])`
+(position ids, a token-type or cache position), and the slice, like the pieces, reads
+a value of the previous iteration: the most recent one of its shape is another carried
+value (`input_ids`, concatenated after the positions), so shape and order read that
+(the ET corpus: 6 wrong edges). Once the piece is known, so is the slice: `tail_reads`.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from traceq.relations.matching import CONFIDENCE, THREAD, shape_key
+from traceq.relations.matching import CONFIDENCE, THREAD, shape_key, with_moved
 
 EVIDENCE = "shape+loop-carried"
 
@@ -85,4 +91,57 @@ def loop_carried_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     )
     if added.height == 0:
         return edges
-    return pl.concat([edges, added.select(edges.columns)], how="vertical_relaxed")
+    edges = pl.concat([edges, added.select(edges.columns)], how="vertical_relaxed")
+    return tail_reads(edges, nodes, added)
+
+
+TAILS = ("aten::slice", "aten::select", "aten::narrow")
+"""Ops that take the end of a carried value to make its next piece (`x[:, -1:]`)."""
+MAX_HOPS = 4
+"""Edges walked back from a new piece to the slice it was made from (`+ 1`, a cast)."""
+
+
+def tail_reads(edges: pl.DataFrame, nodes: pl.DataFrame, carried: pl.DataFrame) -> pl.DataFrame:
+    """`edges` with each slice that a list op's new piece was made from, within a few
+    edges, reading the list op's `carried` piece (module docstring), where the slice ran
+    after that piece was made and reads a value of its shape."""
+    info = nodes.select("event", "_seq", "name", "data_inputs")
+    lists = carried.select(
+        pl.col("consumer").alias("_list"),
+        pl.col("producer").alias("_to"),
+        shape_key(pl.col("shape")).alias("_piece"),
+    ).join(info.select(pl.col("event").alias("_to"), pl.col("_seq").alias("_pseq")), on="_to")
+    back = edges.select(pl.col("consumer").alias("_at"), pl.col("producer").alias("_from"))
+    frontier = (
+        edges.join(lists, left_on="consumer", right_on="_list")
+        .filter(pl.col("producer") != pl.col("_to"))
+        .select(pl.col("producer").alias("_at"), "_to", "_piece", "_pseq")
+    )
+    reached = [frontier]
+    for _ in range(MAX_HOPS - 1):
+        frontier = frontier.join(back, on="_at").select(
+            pl.col("_from").alias("_at"), "_to", "_piece", "_pseq"
+        )
+        reached.append(frontier)
+    tails = (
+        pl.concat(reached)
+        .unique()
+        .join(info.rename({"event": "_at"}), on="_at")
+        .filter(
+            pl.col("name").is_in(TAILS)
+            & (pl.col("_seq") > pl.col("_pseq"))
+            & (
+                shape_key(pl.col("data_inputs").list.first().struct.field("shape"))
+                == pl.col("_piece")
+            )
+        )
+        .filter(pl.col("_to").n_unique().over("_at") == 1)
+        .select(pl.col("_at").alias("consumer"), "_to")
+        .unique()
+    )
+    moved = (
+        edges.filter(pl.col("input_index") == 0)
+        .join(tails, on="consumer")
+        .filter(pl.col("producer") != pl.col("_to"))
+    )
+    return with_moved(edges, moved, "+carried-tail")

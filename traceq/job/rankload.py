@@ -154,7 +154,7 @@ def _frame(
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
         F.CATEGORY_KEY,
     )
-    frame = pl.concat([base, F.args_frame(rows["args"], fields, fields)], how="horizontal")  # ids
+    frame = pl.concat([base, F.args_frame(rows["args"], fields)], how="horizontal")
     columns = list(derived)
     if "_external_id" in fields.values():
         external = pl.coalesce(F.as_int("_external_id"), F.as_int("_external_id_old"))

@@ -140,6 +140,17 @@ CASES: dict[str, tuple[Maker, type[traceq.TraceError], str]] = {
         TraceSchemaError,
         r"event 0 \(aten::mm\?\) has a control character in 'name'",
     ),
+    # `cat` and `ph` are Categorical: their distinct values are checked, the offender named
+    "control character in cat": (
+        write(trace_json(event(), event(), event(cat="cpu_op\x1b"))),
+        TraceSchemaError,
+        r"event 2 \(aten::mm\) has a control character in 'cat'",
+    ),
+    "cat a number": (
+        write(trace_json(event(), event(cat=5))),
+        TraceSchemaError,
+        "event 1: 'cat' is a number, not a string or null",
+    ),
     "raw control character in a string": (
         write(GOOD.replace(b"aten::mm", b"aten::\x01mm", 1)),
         TraceFormatError,

@@ -1,6 +1,7 @@
 """The loader's memory savers keep every value: events compacted at the cut (exact `args`
 text, minus the whitespace between tokens), Categorical text columns, `args` keys parsed a
-slice at a time and only where they occur, the slower integer readings only where needed,
+slice at a time and only where they occur, integer keys as Int64 (text and `as_int` where a
+value is not a JSON integer), the slower integer readings only where needed,
 and flows in the same order as one three-key sort.
 
 References are independent: the stdlib `json` for values, a whole-text `pl.read_ndjson`
@@ -89,6 +90,39 @@ def test_args_frame_equals_one_parse_of_the_whole_text(texts: list, rows: int) -
         assert_frame_equal(F.args_frame(args, fields), expected)
     finally:
         F.ARGS_ROWS = saved
+
+
+id_values = (
+    st.none()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["0x0", "7", " 8 ", "stream 7", "3.5", "x"])
+    | st.booleans()
+    | st.lists(st.integers(0, 3), max_size=2)
+)
+id_texts = st.none() | st.dictionaries(
+    st.sampled_from(["correlation", "stream", "name"]), id_values, max_size=3
+).map(json.dumps)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(id_texts, min_size=1, max_size=20), st.integers(1, 8))
+def test_integer_args_read_as_int64_equal_the_text_read_through_as_int(
+    texts: list, rows: int
+) -> None:
+    # Slices whose every id is a JSON integer parse as Int64; a slice holding anything else
+    # ("0x0", 3.5, 2**70, true, a list) is read as text and through `as_int`, as before
+    fields = {"correlation": "_correlation", "stream": "_stream", "name": "name"}
+    args = pl.Series("args", texts, dtype=pl.String)
+    whole = args.fill_null("{}").str.join("\n").cast(pl.Binary).item()
+    as_text = pl.read_ndjson(whole, schema=dict.fromkeys(fields, pl.String())).rename(fields)
+    expected = as_text.with_columns(F.as_int(c).alias(c) for c in ("_correlation", "_stream"))
+    F.ARGS_ROWS, saved = rows, F.ARGS_ROWS
+    try:
+        got = F.args_frame(args, fields, integers=("correlation", "stream"))
+    finally:
+        F.ARGS_ROWS = saved
+    assert_frame_equal(got, expected)
 
 
 def test_args_frame_finds_a_key_written_with_an_escape() -> None:

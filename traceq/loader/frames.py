@@ -10,6 +10,8 @@ ROCm runtime calls as "0x0").
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import polars as pl
 
 # Which frame each event category lands in (lower-cased `cat`; phases handled apart).
@@ -54,8 +56,11 @@ _STR_LIST_TEXT = rf"^\[(?:{_STR}(?:,{_STR})*|\s*)\]$"
 ARGS_ROWS = 100_000  # rows of `args` text parsed at a time
 
 
-def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
-    """Text of the chosen `args` keys, one column each (renamed), row-aligned with `args`.
+def args_frame(
+    args: pl.Series, fields: dict[str, str], integers: Collection[str] = ()
+) -> pl.DataFrame:
+    """Text of the chosen `args` keys, one column each (renamed), row-aligned with `args`;
+    the keys in `integers` (read only through `as_int`) as Int64 instead.
 
     A frame asks for up to 16 keys and most are absent (the ops of a trace without shapes:
     7 of 10), while a parsed String column costs 16 bytes a row even when null. So the text
@@ -63,8 +68,11 @@ def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
     2.16M events were two copies of 67 MB held at once), a key is parsed only where its
     quoted name occurs in the text (any backslash: every key, as a key may be escaped), and
     a key null in every row is stored as one broadcast null: 90 MB less peak on that trace.
+    Integer keys are read as Int64 by the JSON parser itself: as text, each number was
+    formatted into a string only for `as_int` to parse it back (a tenth of a cold load's
+    instructions), at twice the memory.
     """
-    schema = {key: pl.String() for key in fields}
+    schema = {key: pl.Int64() if key in integers else pl.String() for key in fields}
     if args.len() == 0:
         return pl.DataFrame(schema=schema).rename(fields)
     parts, present = [], set()
@@ -72,24 +80,36 @@ def args_frame(args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
         part = _parse_args(args.slice(at, ARGS_ROWS), schema)
         empty = {key for key in schema if part[key].null_count() == part.height}
         present |= set(schema) - empty
-        parts.append(part.with_columns(pl.lit(None, pl.String).alias(key) for key in empty))
+        parts.append(part.with_columns(pl.lit(None, schema[key]).alias(key) for key in empty))
     if present:
         parsed = pl.concat([part.select(k for k in schema if k in present) for part in parts])
         parsed = parsed.rechunk()
     else:
         parsed = args.to_frame()  # for its height
-    absent = [pl.lit(None, pl.String).alias(key) for key in schema if key not in present]
+    absent = [pl.lit(None, schema[key]).alias(key) for key in schema if key not in present]
     return parsed.with_columns(absent).select(list(schema)).rename(fields)
 
 
 def _parse_args(args: pl.Series, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """The keys of `schema` in `args`; those whose name is nowhere in the text are null
-    without being parsed."""
+    without being parsed. The parser refuses anything but a JSON integer for an Int64 key
+    (a string "0x0", 3.0, a number past int64): then the rows are read again as text and
+    those keys go through `as_int`, as every key did before."""
     text = args.fill_null("{}").str.join("\n").cast(pl.Binary).item()  # no str round trip
     escaped = b"\\" in text
     found = {key: dtype for key, dtype in schema.items() if escaped or _quoted(key) in text}
-    parsed = pl.read_ndjson(text, schema=found) if found else args.to_frame()
-    missing = (pl.lit(None, pl.String).alias(key) for key in schema if key not in found)
+    if not found:
+        parsed = args.to_frame()
+    else:
+        try:
+            parsed = pl.read_ndjson(text, schema=found)
+        except pl.exceptions.PolarsError:
+            as_text = dict.fromkeys(found, pl.String())
+            integers = [key for key, dtype in found.items() if dtype == pl.Int64]
+            parsed = pl.read_ndjson(text, schema=as_text).with_columns(
+                as_int(key).alias(key) for key in integers
+            )
+    missing = (pl.lit(None, dtype).alias(key) for key, dtype in schema.items() if key not in found)
     return parsed.with_columns(missing).select(list(schema))
 
 
@@ -106,6 +126,8 @@ def _to_int(values: pl.Series) -> pl.Series:
     """`as_int` on a whole column. Nearly every value is a plain integer, so the slower
     readings run only when some text is left over: as expressions they were computed for
     every row (four temporary columns per field, ~150 MB of peak on the ops of 2.16M events)."""
+    if values.dtype.is_integer():  # read as Int64 by `args_frame`
+        return values.cast(pl.Int64)
     text = values.cast(pl.String)  # `pid` and `tid` are Categorical in the events
     plain = text.cast(pl.Int64, strict=False)
     if plain.null_count() == text.null_count():
@@ -166,8 +188,10 @@ def _base(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _with_args(base: pl.DataFrame, args: pl.Series, fields: dict[str, str]) -> pl.DataFrame:
-    return pl.concat([base, args_frame(args, fields)], how="horizontal")
+def _with_args(
+    base: pl.DataFrame, args: pl.Series, fields: dict[str, str], integers: Collection[str]
+) -> pl.DataFrame:
+    return pl.concat([base, args_frame(args, fields, integers)], how="horizontal")
 
 
 def with_category_key(events: pl.DataFrame) -> pl.DataFrame:
@@ -200,7 +224,8 @@ def ops(events: pl.DataFrame) -> pl.DataFrame:
         "Input Strides": "_input_strides",
         "Concrete Inputs": "_concrete_inputs",
     }
-    df = _with_args(_base(rows), rows["args"], fields)
+    integers = list(fields)[:5]  # the ids, not the shapes and types
+    df = _with_args(_base(rows), rows["args"], fields, integers)
     return (
         df.with_columns(
             pl.coalesce(as_int("_external_id"), as_int("_external_id_old")).alias("external_id"),
@@ -240,7 +265,8 @@ def kernels(events: pl.DataFrame) -> pl.DataFrame:
         "queued": "_queued",
         "context": "_context",
     }
-    df = _with_args(_base(rows), rows["args"], fields)
+    integers = [key for key, name in fields.items() if name in _KERNEL_INTEGERS]
+    df = _with_args(_base(rows), rows["args"], fields, integers)
     kind = rows.select(_cat().replace_strict(GPU_CATS, default="kernel").alias("kind"))
     return pl.concat([df, kind], how="horizontal").select(
         "event",
@@ -267,6 +293,20 @@ def kernels(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+_KERNEL_INTEGERS = (
+    "_device",
+    "_stream",
+    "_correlation",
+    "_external_id",
+    "_external_id_old",
+    "_registers",
+    "_shared_memory",
+    "_bytes",
+    "_queued",
+    "_context",
+)
+
+
 def runtime(events: pl.DataFrame) -> pl.DataFrame:
     """Host-side runtime and driver calls (`cudaLaunchKernel`, `hipMemcpyAsync`, ...)."""
     rows = _complete(events, list(RUNTIME_CATS))
@@ -278,7 +318,7 @@ def runtime(events: pl.DataFrame) -> pl.DataFrame:
         "cid": "_cid",
         "stream": "stream_arg",
     }
-    df = _with_args(_base(rows), rows["args"], fields)
+    df = _with_args(_base(rows), rows["args"], fields, list(fields)[:-1])  # `stream` stays text
     kind = rows.select(_cat().replace_strict(RUNTIME_CATS, default="runtime").alias("kind"))
     return pl.concat([df, kind], how="horizontal").select(
         "event",
@@ -300,7 +340,7 @@ def annotations(events: pl.DataFrame) -> pl.DataFrame:
     """`record_function` ranges on the CPU and their mirrors on GPU streams."""
     rows = _complete(events, list(ANNOTATION_CATS))
     fields = {"External id": "_external_id", "device": "_device", "stream": "_stream"}
-    df = _with_args(_base(rows), rows["args"], fields)
+    df = _with_args(_base(rows), rows["args"], fields, list(fields))
     kind = rows.select(_cat().replace_strict(ANNOTATION_CATS).alias("kind"))
     return pl.concat([df, kind], how="horizontal").select(
         "event",
@@ -346,7 +386,7 @@ def python(events: pl.DataFrame) -> pl.DataFrame:
         "Python thread": "_python_thread",
         "Python module id": "_python_module_id",
     }
-    df = _with_args(_base(rows), rows["args"], fields)
+    df = _with_args(_base(rows), rows["args"], fields, list(fields))
     return df.select(
         "event",
         "name",
@@ -376,7 +416,7 @@ def syncs(events: pl.DataFrame) -> pl.DataFrame:
         "wait_on_cuda_event_record_corr_id": "_wait_on_record",
         "event": "_cuda_event",
     }
-    df = _with_args(_base(rows), rows["args"], fields)
+    df = _with_args(_base(rows), rows["args"], fields, list(fields)[1:])  # not `cuda_sync_kind`
     return df.select(
         "event",
         "name",

@@ -24,6 +24,7 @@ import polars as pl
 
 from traceq.relations import opshapes
 from traceq.relations.blend import blend_reads
+from traceq.relations.ddp_reducer import without_bucket_results
 from traceq.relations.indexing import index_results, indexed_reads
 from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.list_pieces import query_reads
@@ -242,6 +243,7 @@ def dataflow(
     nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace)).with_columns(
         pl.col("event").is_in(aliases.implode()).alias("_returns_input")
     )
+    nodes = without_bucket_results(nodes, trace)
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
     parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes), scalar_edges(nodes))

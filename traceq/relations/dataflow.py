@@ -23,8 +23,9 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.backward_reads import backward_reads
 from traceq.relations.blend import blend_reads
-from traceq.relations.ddp_reducer import without_bucket_results
+from traceq.relations.ddp_reducer import bucket_view_reads, without_bucket_results
 from traceq.relations.indexing import index_results, indexed_reads
 from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.list_pieces import query_reads
@@ -257,6 +258,7 @@ def dataflow(
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
     edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
+    edges = backward_reads(bucket_view_reads(edges, nodes), trace, ops)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

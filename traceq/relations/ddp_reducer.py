@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from traceq.relations.matching import CONFIDENCE, THREAD, shape_key
+
 if TYPE_CHECKING:
     from traceq.trace import Trace
 
@@ -36,13 +38,63 @@ def bucket_writes(trace: Trace) -> pl.Series:
 
 
 def without_bucket_results(nodes: pl.DataFrame, trace: Trace) -> pl.DataFrame:
-    """`nodes` with no result shape for the ops that wrote into a bucket: by shape they
-    are read by no one (the bucket is read through the allreduce)."""
+    """`nodes` with no result shape for the ops that wrote into a bucket (by shape they
+    are read by no one: the bucket is read through the allreduce), and with their `out=`
+    view, the last argument, no input to match by shape (`bucket_view_reads` gives it);
+    `_bucket_write` marks them."""
     writes = bucket_writes(trace)
+    written = pl.col("event").is_in(writes.implode())
+    last = pl.col("data_inputs").list.eval(pl.element().struct.field("index")).list.max()
+    nodes = nodes.with_columns(
+        pl.when(written).then(last).alias("_bucket_out"), written.alias("_bucket_write")
+    )
     if writes.len() == 0:
         return nodes
-    written = pl.col("event").is_in(writes.implode())
     return nodes.with_columns(
-        pl.when(written).then(None).otherwise(pl.col(c)).alias(c)
-        for c in ("output_shape", "_out_shape", "_out_numel")
+        *(
+            pl.when(written).then(None).otherwise(pl.col(c)).alias(c)
+            for c in ("output_shape", "_out_shape", "_out_numel")
+        ),
+        pl.when(written)  # data inputs are in argument order: `out=` is the last
+        .then(pl.col("data_inputs").list.head(pl.col("data_inputs").list.len() - 1))
+        .otherwise(pl.col("data_inputs"))
+        .alias("data_inputs"),
     )
+
+
+def bucket_view_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """`edges` plus, into each bucket write's `out=` argument, the view of the bucket it
+    writes: the one `as_strided` view of a flat tensor with the gradient's shape made
+    before it in the step. Where the bucket has several views of that shape (layers
+    alike), which one is this gradient's is not recorded: no edge."""
+    if "_bucket_write" not in nodes.columns or not nodes["_bucket_write"].any():
+        return edges
+    flat = pl.col("data_inputs").list.first().struct.field("shape").list.len() == 1
+    views = nodes.filter((pl.col("name") == "aten::as_strided") & flat).select(
+        *THREAD, pl.col("event").alias("producer"), pl.col("_seq").alias("_pseq"), "_out_shape"
+    )
+    writes = (
+        nodes.filter("_bucket_write")
+        .select(
+            *THREAD,
+            pl.col("event").alias("consumer"),
+            "_seq",
+            pl.col("data_inputs").list.first().struct.field("shape").alias("shape"),
+            "_bucket_out",
+        )
+        .with_columns(shape_key(pl.col("shape")).alias("_out_shape"))
+    )
+    found = (
+        writes.join(views, on=[*THREAD, "_out_shape"])
+        .filter(pl.col("_pseq") < pl.col("_seq"))
+        .filter(pl.len().over("consumer") == 1)
+        .select(
+            "producer",
+            "consumer",
+            pl.col("_bucket_out").cast(pl.Int64).alias("input_index"),
+            "shape",
+            pl.lit(CONFIDENCE["unique"]).alias("confidence"),
+            pl.lit("shape+bucket-view").alias("evidence"),
+        )
+    )
+    return pl.concat([edges, found], how="diagonal_relaxed")

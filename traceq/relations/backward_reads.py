@@ -11,10 +11,12 @@ weight gradient, a graph input with no producer (against the ET corpus: 2 of 2 s
 edges wrong). So a forward value is read inside a backward node only where it is the
 node's forward op or a value that op read.
 
-The formulas of one node are independent, too: `AddmmBackward0`'s `grad @ W` (the input's
-gradient) and `grad.t() @ x` (the weight's) each read the gradient and a saved tensor,
-never each other's result, yet the first is the most recent value of `x`'s shape when the
-second runs. So a GEMM of a node reads no GEMM of the same node.
+The formulas of a GEMM's or a product's node are independent, too: `AddmmBackward0`'s
+`grad @ W.t()` (the input's gradient) and `x.t() @ grad` (the weight's) each read the
+gradient and a saved tensor, never each other's result, yet the first is the most recent
+value of `x`'s shape when the second runs (`ddp_train`); `MulBackward0`'s `grad * other`
+read as `self` by `grad * self` (HTA's MTIA trace, a fusion finding across the two). So
+in such a node (`ONE_OP_FORMULAS`) an op reads no op of its name.
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from traceq.relations import opshapes
-
 if TYPE_CHECKING:
     from traceq.trace import Trace
 
-BACKWARD_NODE = r"Backward\d*$"
-"""An autograd node's range (`AddmmBackward0`, `evaluate_function: AddmmBackward0`)."""
+BACKWARD_NODE = r"Backward\d+$"
+"""A node of PyTorch's derivative formulas (`AddmmBackward0`, `evaluate_function:
+AddmmBackward0`). Not a custom `autograd.Function`'s (`MyFnBackward`) or TorchScript's
+`DifferentiableGraphBackward`: their backward is any code, whose ops read each other."""
+ONE_OP_FORMULAS = frozenset(
+    {"MulBackward0", "MmBackward0", "BmmBackward0", "AddmmBackward0", "BaddbmmBackward0"}
+    | {"AddbmmBackward0", "MvBackward0", "AddmvBackward0"}
+)
+"""Nodes each of whose formulas is one op, on the gradient and one saved tensor:
+`grad * other` and `grad * self`; `grad @ W.t()` and `x.t() @ grad`. Others chain ops of
+one name (`DivBackward0`'s `(self / other) / other`, an inverse's `A^-T @ grad @ A^-T`)."""
 MAX_DEPTH = 4
 """Ranges between an op and its node looked through (a formula's own helper ranges)."""
 
@@ -45,12 +54,16 @@ def backward_nodes(trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
     )
     nodes = tree.filter(
         pl.col("name").str.contains(BACKWARD_NODE) & pl.col("sequence_number").is_not_null()
-    ).select(pl.col("event").alias("_up"), pl.col("sequence_number").alias("_node_seq"))
+    ).select(
+        pl.col("event").alias("_up"),
+        pl.col("sequence_number").alias("_node_seq"),
+        pl.col("name").str.replace(r"^.*: ", "").alias("_node_name"),
+    )
     walk = ops.select("event", pl.col("parent").cast(pl.Int64).alias("_up"))
     found = []
     for _ in range(MAX_DEPTH):
         hit = walk.join(nodes, on="_up")
-        found.append(hit.select("event", pl.col("_up").alias("_node"), "_node_seq"))
+        found.append(hit.select("event", pl.col("_up").alias("_node"), "_node_seq", "_node_name"))
         walk = (
             walk.join(hit, on="event", how="anti")
             .join(
@@ -88,7 +101,7 @@ def backward_reads(edges: pl.DataFrame, trace: Trace, ops: pl.DataFrame) -> pl.D
     read_by_forward = edges.select(
         pl.col("producer"), pl.col("consumer").alias("_forward"), pl.lit(True).alias("_saved")
     ).unique(["producer", "_forward"])
-    kinds = ops.select("event", "kind")
+    names = ops.select("event", "name")
     judged = (
         edges.with_row_index("_row")
         .join(in_node.rename({"event": "consumer"}), on="consumer")
@@ -104,8 +117,8 @@ def backward_reads(edges: pl.DataFrame, trace: Trace, ops: pl.DataFrame) -> pl.D
             on="producer",
             how="left",
         )
-        .join(kinds.rename({"event": "producer", "kind": "_pkind"}), on="producer", how="left")
-        .join(kinds.rename({"event": "consumer", "kind": "_ckind"}), on="consumer", how="left")
+        .join(names.rename({"event": "producer", "name": "_pname"}), on="producer", how="left")
+        .join(names.rename({"event": "consumer", "name": "_cname"}), on="consumer", how="left")
     )
     # its own result only where it saves it (`dataflow` gave it a `fwdbwd` edge)
     saves_result = pl.col("producer").is_in(
@@ -117,12 +130,13 @@ def backward_reads(edges: pl.DataFrame, trace: Trace, ops: pl.DataFrame) -> pl.D
         & ~((pl.col("producer") == pl.col("_forward")) & saves_result)
         & ~pl.col("_saved").fill_null(False)
     )
-    sibling_gemm = (
+    # a node whose formulas are one op each reads no op of its own name in the node
+    sibling = (
         (pl.col("_pnode") == pl.col("_node"))
-        & (pl.col("_pkind") == opshapes.GEMM)
-        & (pl.col("_ckind") == opshapes.GEMM)
+        & pl.col("_node_name").is_in(list(ONE_OP_FORMULAS))
+        & (pl.col("_pname") == pl.col("_cname"))
     ).fill_null(False)
-    dropped = judged.filter(unsaved | sibling_gemm).select("_row")
+    dropped = judged.filter(unsaved | sibling).select("_row")
     return edges.with_row_index("_row").join(dropped, on="_row", how="anti").drop("_row")
 
 

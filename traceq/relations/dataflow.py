@@ -41,6 +41,7 @@ from traceq.relations.matching import (
     twin_reads,
 )
 from traceq.relations.nesting import enclosing
+from traceq.relations.normalized import normalized_reads
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
 from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
@@ -252,7 +253,7 @@ def dataflow(
     if not parts:
         return pl.DataFrame(schema=_EDGE_SCHEMA)
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
-    edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
+    edges = normalized_reads(sibling_projection_reads(twin_reads(edges, nodes), nodes), nodes)
     edges = shortcut_reads(edges, nodes)
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, aliases)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import polars as pl
 from conftest import corpus_et, corpus_trace, edges_into
 
+from traceq.relations import opshapes
+
 ENTRY = "ddp_train"
 
 
@@ -61,4 +63,24 @@ def test_the_backward_nodes_read_no_value_their_forward_op_did_not_save() -> Non
     work = ["aten::mm", "aten::sum", "aten::t", "aten::view", "aten::gelu_backward"]
     inferred, exact = edges_into(trace, et, _ops(names=work))
     assert len(inferred & exact) >= 13
+    assert inferred <= exact
+
+
+def test_an_in_place_collective_returns_its_one_tensor() -> None:
+    """`allreduce_([bucket])` writes the bucket; of several tensors no one shape is known."""
+    types = ["TensorList", "", "", "", "", ""]
+    one = opshapes.signature("c10d::allreduce_", "[[[16576]], [], [], [], [], []]", types, None)
+    two = opshapes.signature("c10d::allreduce_", "[[[4], [8]], [], [], [], [], []]", types, None)
+    assert one.output == [16576]
+    assert two.output is None
+
+
+def test_the_broadcast_parameters_are_copied_back_from_the_broadcast() -> None:
+    trace, et = corpus_trace(ENTRY), corpus_et(ENTRY)
+    broadcasts = _ops(names=["c10d::broadcast_"])
+    copies = trace.dataflow_ops.filter(
+        (pl.col("name") == "aten::copy_") & (pl.col("event") - 1).is_in(broadcasts.implode())
+    )["event"]
+    inferred, exact = edges_into(trace, et, copies)
+    assert {(p, c) for p, c in exact if p in set(broadcasts)} <= inferred
     assert inferred <= exact

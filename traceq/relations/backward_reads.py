@@ -79,7 +79,8 @@ def backward_nodes(trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
 
 def backward_reads(edges: pl.DataFrame, trace: Trace, ops: pl.DataFrame) -> pl.DataFrame:
     """`edges` without those into an op of a backward node from a forward value its
-    forward op did not read or return, or from a GEMM of the same node into a GEMM."""
+    forward op did not read or save, or, in a node of `ONE_OP_FORMULAS`, from an op of
+    the consumer's name in the same node."""
     if edges.height == 0 or "sequence_number" not in trace.ops.columns:
         return edges
     in_node = backward_nodes(trace, ops)

@@ -30,7 +30,10 @@ def normalized_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
         return edges
     first_shape = pl.col("data_inputs").list.first().struct.field("shape")
     shapes = nodes.select(
-        "event", first_shape.alias("_in0"), pl.col("name").is_in(NORM_STARTS).alias("_starts")
+        "event",
+        first_shape.alias("_in0"),
+        "output_shape",
+        pl.col("name").is_in(NORM_STARTS).alias("_starts"),
     )
     single = (
         edges.filter(pl.col("input_index") == 0)
@@ -52,16 +55,22 @@ def normalized_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     )
     if divs.height == 0:
         return edges
-    # walk back from the divisor, along first arguments, to a norm's first op on x's shape
-    found, walk = [], divs.select("consumer", "_numerator", "_shape", "_at")
+    # walk back from the divisor, along first arguments, to a norm's first op on x's shape,
+    # past a reduction (`a / b.pow(2)` of one shape divides by no norm)
+    found = []
+    walk = divs.select("consumer", "_numerator", "_shape", "_at", pl.lit(False).alias("_reduced"))
     for _ in range(MAX_CHAIN):
-        walk = walk.join(shapes.rename({"event": "_at"}), on="_at")
-        hit = walk.filter(pl.col("_starts") & (pl.col("_in0") == pl.col("_shape")))
+        walk = walk.join(shapes.rename({"event": "_at"}), on="_at").with_columns(
+            (pl.col("_reduced") | (pl.col("output_shape") != pl.col("_shape"))).alias("_reduced")
+        )
+        hit = walk.filter(
+            pl.col("_starts") & (pl.col("_in0") == pl.col("_shape")) & pl.col("_reduced")
+        )
         found.append(hit.select("_numerator", pl.col("_at").alias("_first")))
         walk = (
             walk.join(hit.select("consumer"), on="consumer", how="anti")
             .join(single.rename({"consumer": "_at", "producer": "_next"}), on="_at")
-            .select("consumer", "_numerator", "_shape", pl.col("_next").alias("_at"))
+            .select("consumer", "_numerator", "_shape", pl.col("_next").alias("_at"), "_reduced")
         )
         if walk.height == 0:
             break

@@ -19,7 +19,7 @@ import pytest
 from conftest import FIXTURES, SHARED_TRACES, Raw, corpus_et, corpus_trace
 
 import traceq
-from traceq.relations import gradients, opshapes, reducer
+from traceq.relations import backward_reads, ddp_reducer, opshapes
 from traceq.relations.execution_trace import tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
@@ -96,7 +96,7 @@ def test_no_gradient_of_a_product_reads_another_on_gpu_training_traces(path: Pat
         pytest.skip(f"{path} is not here (../shared is only on the workplace's machines)")
     trace = traceq.load(path, cache=False)
     assert trace.ops.filter(pl.col("name") == "MulBackward0").height > 0
-    assert not _siblings(trace, tuple(gradients.PRODUCT_RULE))
+    assert not _siblings(trace, tuple(backward_reads.ONE_OP_FORMULAS))
     findings = [set(f.ops) for f in run(trace, Config(select=["TQ104"])).findings]
     under = trace.dataflow_ops.join(
         trace.ops.filter(pl.col("name") == "MulBackward0").select(
@@ -113,7 +113,7 @@ def test_no_edge_leaves_what_ddps_reducer_writes_into_a_bucket() -> None:
     bucket's allreduce: the ET has no edge out of it, and shape and order had five (into
     the next parameter's scaling, the `copy_` back into `.grad`, the optimizer's `add_`)."""
     trace, et = corpus_trace(ENTRY), corpus_et(ENTRY)
-    frames = trace.ops.filter(pl.col("name").str.starts_with(reducer.REDUCER))
+    frames = trace.ops.filter(pl.col("name").str.contains(ddp_reducer.BUCKET_WRITE))
     written = trace.dataflow_ops.join(
         frames.select(pl.col("event").cast(pl.Int64).alias("parent")), on="parent", how="semi"
     )["event"]
@@ -140,7 +140,9 @@ def test_no_pointwise_chain_strings_ddps_per_parameter_scalings_together(path: P
         pytest.skip(f"{path} is not here (../shared is only on the workplace's machines)")
     raw = Raw(path)
     frames = defaultdict(list)
-    for i in raw.where(lambda e: e.get("ph") == "X" and e["name"].startswith(reducer.REDUCER)):
+    for i in raw.where(
+        lambda e: e.get("ph") == "X" and e["name"].startswith("torch::distributed::reducer::")
+    ):
         frames[raw.events[i]["tid"]].append((raw.start(i), raw.end(i)))
 
     def scaling(i: int) -> bool:

@@ -23,8 +23,10 @@ import numpy as np
 import polars as pl
 
 from traceq.relations import opshapes
+from traceq.relations.backward_reads import backward_reads
 from traceq.relations.blend import blend_reads
-from traceq.relations.gradients import gradient_reads
+from traceq.relations.ddp_reducer import bucket_view_reads, without_bucket_results
+from traceq.relations.gradients import input_buffer_reads
 from traceq.relations.indexing import index_results, indexed_reads
 from traceq.relations.kv_cache import kv_cache_reads
 from traceq.relations.list_pieces import query_reads
@@ -40,8 +42,8 @@ from traceq.relations.matching import (
     twin_reads,
 )
 from traceq.relations.nesting import enclosing
+from traceq.relations.normalized import normalized_reads
 from traceq.relations.opshapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
-from traceq.relations.reducer import reducer_reads
 from traceq.relations.repeats import repeated_reads
 from traceq.relations.rotary import rotary_reads
 from traceq.relations.scalars import scalar_edges, weighted_sum_reads
@@ -247,6 +249,7 @@ def dataflow(
     nodes = _numbered(ops, module_calls(trace, ops), bool_factories(trace)).with_columns(
         pl.col("event").is_in(aliases.implode()).alias("_returns_input")
     )
+    nodes = without_bucket_results(nodes, trace)
     blind = _blind_edges(nodes)
     nodes = _infer_blind_outputs(nodes, blind)
     parts = (shape_edges(nodes), blind, _fwdbwd_edges(trace.ops, nodes), scalar_edges(nodes))
@@ -254,15 +257,15 @@ def dataflow(
     if not parts:
         return pl.DataFrame(schema=_EDGE_SCHEMA)
     edges = _through_returned_inputs(pl.concat(parts, how="diagonal_relaxed"), trace, ops)
-    edges = sibling_projection_reads(twin_reads(edges, nodes), nodes)
+    edges = normalized_reads(sibling_projection_reads(twin_reads(edges, nodes), nodes), nodes)
     edges = shortcut_reads(edges, nodes)
     edges = blend_reads(weighted_sum_reads(edges, nodes), nodes)
     edges = kv_cache_reads(edges, nodes, aliases)
     edges = indexed_reads(query_reads(rotary_reads(edges, nodes), nodes), nodes)
     edges = repeated_reads(edges, nodes)
     edges = loop_carried_reads(lookup_reads(edges, nodes), nodes)
-    edges = reducer_reads(gradient_reads(edges, nodes, trace.ops), nodes, trace.ops)
-    edges = unsized_view_reads(edges, nodes)
+    edges = backward_reads(bucket_view_reads(edges, nodes), trace, ops)
+    edges = unsized_view_reads(input_buffer_reads(edges, nodes, trace.ops), nodes)
     names = nodes.select("event", "name")
     return (
         edges.join(names.rename({"event": "producer", "name": "producer_name"}), on="producer")

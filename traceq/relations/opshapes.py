@@ -600,6 +600,8 @@ def _output(
     first = tensors[0][1] if tensors else None
     if raw.endswith("_") and first is not None and kind not in (FACTORY, FUSED):
         return first  # in place: the result is `self`
+    if raw.endswith("_") and kind == COLLECTIVE:
+        return _collective_in_place(dims)
     if kind == GEMM:
         return _gemm(op, dims)
     if kind in (ACTIVATION, UNARY, COPY, NORM):
@@ -653,6 +655,15 @@ def _output(
     if op == "histc":  # histc(x, bins=100, min, max): a count per bin
         return [_int(concrete[1], 100) if len(concrete) > 1 else 100]
     return None
+
+
+def _collective_in_place(dims: list) -> Shape | None:
+    """`c10d::allreduce_([bucket], ...)`, `broadcast_([flat], ...)`: the collective writes
+    the tensors of its list in place, so who reads the tensor after it reads the collective
+    (DDP's bucket views after the allreduce, the copy back of broadcast parameters). Known
+    only for a one-tensor list; several tensors have no one result shape."""
+    tensors = dims[0] if dims and isinstance(dims[0], list) else []
+    return tensors[0] if len(tensors) == 1 and _is_shape(tensors[0]) else None
 
 
 def _upsampled(x: Shape, concrete: list[str]) -> Shape | None:

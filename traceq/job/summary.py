@@ -54,7 +54,7 @@ def summarize(trace: Trace, rank: int, rank_source: str) -> RankSummary:
         schema=trace.schema,
         has_gpu=has_gpu,
         distributed=trace.distributed,
-        events=trace.events.height,
+        events=trace.select("events", "event").height,
         steps=trace.steps["step"].to_list(),
         step_ns=trace.steps.select(tag, "step", "dur_ns"),
         breakdown=step_breakdown(trace).with_columns(tag),

@@ -25,6 +25,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -60,9 +61,19 @@ class Unread(Exception):
     """The file needs the loader, to explain it or to read it exactly; says why."""
 
 
+class _Args(msgspec.Struct, gc=False):
+    """The `args` keys the map reads, as integers (as Kineto writes them)."""
+
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    external_id_old: int | None = msgspec.field(default=None, name="external id")
+    correlation: int | None = None
+    device: int | None = None
+
+
 class _Event(msgspec.Struct, gc=False):
-    """The fields the map reads, typed as the format requires: a value of another type
-    fails the decode (`Unread`), where the loader would explain it."""
+    """The fields the map reads, typed as the format requires, and the `args` keys it
+    reads as integers: a value of another type fails the decode (`Unread`), where the
+    loader would explain it, or read its text its own way (`as_int`: '7.0', 'stream 7')."""
 
     ph: str | None = None
     cat: str | None = None
@@ -71,16 +82,13 @@ class _Event(msgspec.Struct, gc=False):
     tid: int | str | None = None
     ts: int | float | None = None
     dur: int | float | None = None
-    args: msgspec.Raw = msgspec.Raw(b"")
+    args: _Args | None = None
 
 
-class _Args(msgspec.Struct, gc=False):
-    """The `args` keys the map reads, as integers (Kineto writes them so)."""
+class _ArgsText(msgspec.Struct, gc=False):
+    """An event's whole `args`, as text: read for the collectives only."""
 
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_old: int | None = msgspec.field(default=None, name="external id")
-    correlation: int | None = None
-    device: int | None = None
+    args: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class _Times(msgspec.Struct, gc=False):
@@ -92,7 +100,8 @@ class _Times(msgspec.Struct, gc=False):
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[_Event])
-_ARGS = msgspec.json.Decoder(list[_Args | None])
+_SLICES = msgspec.json.Decoder(list[msgspec.Raw])
+_ARGS_TEXT = msgspec.json.Decoder(_ArgsText)
 _TIMES = msgspec.json.Decoder(list[_Times])
 _NONE = _Args()
 
@@ -135,11 +144,11 @@ def read_rank(path: str | os.PathLike[str]) -> RankEvents:
         events = _EVENTS.decode(array)
         metadata = {key: msgspec.json.decode(value) for key, value in top.items()}
     except (msgspec.DecodeError, KeyError, RecursionError):
-        raise Unread("not a trace object of typed events") from None
+        raise Unread("not a trace object, or a field or `args` key of another type") from None
     phases = pl.DataFrame(
         {
-            "ph": pl.Series([e.ph for e in events], dtype=pl.Categorical),
-            "cat": pl.Series([e.cat for e in events], dtype=pl.Categorical),
+            "ph": pl.Series(_field(events, "ph"), dtype=pl.Categorical),
+            "cat": pl.Series(_field(events, "cat"), dtype=pl.Categorical),
         }
     ).with_row_index("event")
     texts = [*phases["ph"].unique().drop_nulls(), *phases["cat"].unique().drop_nulls()]
@@ -150,25 +159,18 @@ def read_rank(path: str | os.PathLike[str]) -> RankEvents:
     times = _times(read, lambda: _exact_times(array, index))
     frame = pl.DataFrame(
         {
-            "event": index,
-            "ph": pl.Series([e.ph for e in read], dtype=pl.Categorical),
-            "cat": pl.Series([e.cat for e in read], dtype=pl.Categorical),
-            "name": pl.Series([e.name for e in read], dtype=pl.String),
-            "pid": _ids([e.pid for e in read]),
-            "tid": _ids([e.tid for e in read]),
+            **phases[index].to_dict(),
+            "name": pl.Series(_field(read, "name"), dtype=pl.String),
+            "pid": _ids(_field(read, "pid")),
+            "tid": _ids(_field(read, "tid")),
             **times,
-            **_args([e.args for e in read]),
+            **_args(_field(read, "args")),
         }
     )
     if (frame["dur_ns"] < 0).any() or frame["name"].str.contains(_CONTROL.pattern).any():
         raise Unread("a negative duration, or a control character in a name")
     collectives = frame.filter(pl.col("name").str.contains(COLLECTIVE_NAME))["event"]
-    by_event = dict(zip(index.to_list(), read, strict=True))
-    texts = [_args_text(by_event[i].args) for i in collectives.to_list()]
-    collective_args = pl.DataFrame(
-        {"event": collectives, "args": pl.Series(texts, dtype=pl.String)}
-    )
-    return RankEvents(metadata, phases, _finish(frame), collective_args)
+    return RankEvents(metadata, phases, _finish(frame), _collective_args(array, collectives))
 
 
 def _read_index(phases: pl.DataFrame, events: list[_Event]) -> pl.Series:
@@ -184,8 +186,8 @@ def _read_index(phases: pl.DataFrame, events: list[_Event]) -> pl.Series:
 def _times(events: list[_Event], exact: Callable[[], dict[str, pl.Series]]) -> dict[str, pl.Series]:
     """`ts_ns`, `dur_ns` of the events read, exact as the loader's (`loader.decode`): from
     float64 where it cannot round, else from the decimal text (`exact`)."""
-    ts = [e.ts for e in events]
-    dur = [e.dur for e in events]
+    ts = _field(events, "ts")
+    dur = _field(events, "dur")
     times = pl.DataFrame([pl.Series("ts", ts, pl.Float64), pl.Series("dur", dur, pl.Float64)])
     peak = times.select(pl.max_horizontal(pl.all().abs().max())).item() or 0.0
     if peak >= MAX_TIME_US or times.null_count().sum_horizontal().item():
@@ -206,6 +208,10 @@ def _exact_times(array: msgspec.Raw, index: pl.Series) -> dict[str, pl.Series]:
     return {"ts_ns": ns["ts"], "dur_ns": ns["dur"]}
 
 
+def _field(events: list[Any], name: str) -> list[Any]:
+    return list(map(attrgetter(name), events))
+
+
 def _lines(raws: list[msgspec.Raw]) -> pl.Series:
     return pl.Series([b"\n".join(raws).decode()]).str.split("\n").explode()
 
@@ -220,26 +226,26 @@ def _ids(ids: list[int | str | None]) -> pl.Series:
         return text.to_frame("id").select(F.as_int("id")).to_series()
 
 
-def _args(raws: list[msgspec.Raw]) -> dict[str, pl.Series]:
-    """The `ARGS` keys of each event's `args`, as integers; `Unread` when an `args` is not
-    an object, or a value is not an integer of 64 bits (the loader's `as_int` reads text
-    such as '7.0' or 'stream 7' its own way)."""
-    objects = b",".join(raw if len(raw) else b"null" for raw in raws)
+def _args(decoded: list[_Args | None]) -> dict[str, pl.Series]:
+    """The `ARGS` keys of each event's `args`, as integer columns; `Unread` when one
+    does not fit 64 bits (the loader's `as_int` reads it as null)."""
+    args = [a or _NONE for a in decoded]
     try:
-        args = [a or _NONE for a in _ARGS.decode(b"[" + objects + b"]")]
-        columns = {
-            column: pl.Series([getattr(a, field) for a in args], dtype=pl.Int64)
+        return {
+            column: pl.Series(map(attrgetter(field), args), dtype=pl.Int64)
             for column, field in zip(ARGS.values(), _Args.__struct_fields__, strict=True)
         }
-    except (msgspec.DecodeError, OverflowError, TypeError):
-        raise Unread("`args` not an object, or a key read not an integer") from None
-    return columns
+    except (OverflowError, TypeError):
+        raise Unread("an `args` integer beyond 64 bits") from None
 
 
-def _args_text(raw: msgspec.Raw) -> str | None:
-    """An event's `args` as the loader keeps the text: compacted, null when absent."""
-    text = compact(raw).decode() if len(raw) else "null"
-    return None if text == "null" else text
+def _collective_args(array: msgspec.Raw, events: pl.Series) -> pl.DataFrame:
+    """`event, args` of the collectives: their `args` as the loader keeps the text
+    (compacted; null when there is none)."""
+    slices = _SLICES.decode(array) if events.len() else []
+    texts = [compact(_ARGS_TEXT.decode(slices[i]).args).decode() for i in events.to_list()]
+    args = pl.Series(texts, dtype=pl.String)
+    return pl.DataFrame({"event": events, "args": args.replace("null", None)})
 
 
 def _finish(frame: pl.DataFrame) -> pl.DataFrame:

@@ -3,9 +3,9 @@
 A job's per-rank map reads five frames (ops, runtime, kernels, annotations, steps) and of
 those few columns: times, names, nesting, launches, steps — never tensor shapes, launch
 grids, occupancy, Python frames, modules, flows or syncs. `load_rank` reads from the file
-only the events and fields those need (`traceq.job.rankread`, a third of the loader's
-decode), then links just those five frames with the loader's own link functions (so each
-column it builds is the one `traceq.load` builds). Anything else asked for later — another
+only the events and fields those need (`traceq.job.rankread`), then links just those five
+frames with the loader's own link functions (so each column it builds is the one
+`traceq.load` builds). Anything else asked for later — another
 frame, the raw `events`, another event's `args` — loads the file with `traceq.load`, so a
 rule that needs it still sees the whole trace. A file the reader cannot read exactly is
 decoded by the loader and linked the same way.

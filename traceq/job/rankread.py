@@ -1,8 +1,8 @@
 """Reads from a rank's file only the events and fields a job's map reads, and counts the rest.
 
 The map reads the complete (`ph` X) events of five frames — ops, runtime calls, GPU
-activities, annotations and `ProfilerStep` windows — and of those ten fields: name,
-process, thread, times and four `args` keys (`External id`, `correlation`, `device`), plus
+activities, annotations and `ProfilerStep` windows — and of those a few fields: name,
+process, thread, times and three `args` keys (`External id`, `correlation`, `device`), plus
 the whole `args` of the few events that are collectives. The loader's NDJSON decode
 (`loader.decode`) parses every field of every event and keeps every `args` as text, to be
 parsed again per frame: three quarters of a rank's map. Here msgspec decodes each event

@@ -102,7 +102,7 @@ def test_a_rank_summary_is_the_same_from_the_light_load(path):
     right = summarize(light, 1, "distributedInfo")
     device = run(light, Config(select=("TQ4",))).device  # no trace rule: the device model
     assert not light.frames.complete  # the summary and the device model read no other frame
-    assert "_full" not in light.__dict__  # ... nor the raw events or another event's args
+    assert light.full.trace is None  # ... nor the raw events or another event's args
     assert right.events == left.events > right.events - right.unread["events"].sum() > 0
     assert left.unread.height == 0
     assert device == run(traceq.load(path, cache=False), Config(select=("TQ4",))).device
@@ -177,10 +177,10 @@ def test_a_lean_rank_loads_the_file_for_anything_it_did_not_read():
     full, light = traceq.load(path, cache=False), load_rank(path)
     assert isinstance(light, RankTrace)
     assert_frame_equal(light.select("events", "event", "cat"), full.events.select("event", "cat"))
-    assert "_full" not in light.__dict__
+    assert light.full.trace is None
     ops = light.ops.select("event")
     assert_frame_equal(light.with_args(ops), full.with_args(ops))  # ops' args: not read
-    assert "_full" in light.__dict__
+    assert light.full.trace is not None
     assert_frame_equal(light.events, full.events)
 
 
@@ -236,3 +236,20 @@ def test_a_rank_the_loader_rejects_is_its_error_naming_the_file(tmp_path):
         read_rank(path)
     with pytest.raises(traceq.TraceError, match=r"rank-0\.json.*control character in 'name'"):
         load_rank(path)
+
+
+def test_mapping_lean_ranks_holds_no_rank_after_its_map():
+    """A lean rank is freed when its map returns, without waiting for the garbage
+    collector: its frames are not held in a reference cycle (they were: +3.5 MB a rank)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        trace = load_rank(RANKS[0])
+        summarize(trace, 0, "distributedInfo")
+        gone = weakref.ref(trace)
+        del trace
+        assert gone() is None
+    finally:
+        gc.enable()

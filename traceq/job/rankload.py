@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from functools import cached_property
 from typing import Any
 
 import polars as pl
@@ -85,21 +84,33 @@ class RankFrames(dict[str, pl.DataFrame]):
         return super().items()
 
 
+class FullLoad:
+    """`traceq.load(path, cache=False)` on the first call, kept for the next ones."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self.trace: Trace | None = None
+
+    def __call__(self) -> Trace:
+        if self.trace is None:
+            from traceq.pipeline import load
+
+            self.trace = load(self.path, cache=False)
+        return self.trace
+
+
 class RankTrace(Trace):
     """A rank as `rankread` read it: the light frames, `ph` and `cat` of every event, and
     the `args` of the events read. The first look at anything else (`events`, another
     frame, the `args` of an event not read) loads the file with `traceq.load`, once."""
 
     def __init__(self, source: str, path: str | os.PathLike[str], read: RankEvents) -> None:
-        self._path, self._read = path, read
-        frames = RankFrames(light_frames(read.read), lambda: self._full.frames)
-        super().__init__(source, read.metadata, lambda: self._full.events, frames)
-
-    @cached_property
-    def _full(self) -> Trace:
-        from traceq.pipeline import load
-
-        return load(self._path, cache=False)
+        self._read = read
+        # The callables hold the load, not this trace: a cycle through the trace would keep
+        # each rank's frames alive until a full garbage collection (+3.5 MB a rank mapped).
+        self.full = full = FullLoad(path)
+        frames = RankFrames(light_frames(read.read), lambda: full().frames)
+        super().__init__(source, read.metadata, lambda: full().events, frames)
 
     @property
     def unread(self) -> pl.DataFrame:

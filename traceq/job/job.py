@@ -74,6 +74,8 @@ def reduce_summaries(summaries: list[RankSummary], align: str = "auto") -> JobFr
             "schema": [s.schema for s in summaries],
             "has_gpu": [s.has_gpu for s in summaries],
             "events": [s.events for s in summaries],
+            # the rest (flows, metadata, Python frames, ...) counted in each summary's `unread`
+            "events_read": [s.events - int(s.unread["events"].sum()) for s in summaries],
             "steps": [len(s.steps) for s in summaries],
             "collectives": [s.collectives.height for s in summaries],
         },

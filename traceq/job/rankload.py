@@ -2,60 +2,55 @@
 
 A job's per-rank map reads five frames (ops, runtime, kernels, annotations, steps) and of
 those few columns: times, names, nesting, launches, steps — never tensor shapes, launch
-grids, occupancy, Python frames, modules, flows or syncs. `load_rank` decodes the trace as
-`traceq.load` does, then links just those five frames with the same link functions (so each
-column it builds is the one `traceq.load` builds); any other frame asked for later is built
-then, by the full link, so a rule that needs it still sees the whole trace.
+grids, occupancy, Python frames, modules, flows or syncs. `load_rank` reads from the file
+only the events and fields those need (`traceq.job.rankread`), then links just those five
+frames with the loader's own link functions (so each column it builds is the one
+`traceq.load` builds). Anything else asked for later — another
+frame, the raw `events`, another event's `args` — loads the file with `traceq.load`, so a
+rule that needs it still sees the whole trace. A file the reader cannot read exactly is
+decoded by the loader and linked the same way.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import polars as pl
 
 from traceq.errors import TraceError
+from traceq.job.rankread import RankEvents, Unread, read_frame, read_rank
 from traceq.loader import frames as F
 from traceq.loader.decode import without_null_storage
 from traceq.loader.load import read_events
 from traceq.loader.source import describe
 from traceq.trace import Trace
 
-# The `args` keys each light frame reads: what the links and the job's summary use.
-OP_ARGS = {"External id": "_external_id", "external id": "_external_id_old"}
-RUNTIME_ARGS = {"correlation": "_correlation"}
-KERNEL_ARGS = {
-    "device": "_device",
-    "correlation": "_correlation",
-    "External id": "_external_id",
-    "external id": "_external_id_old",
-}
-
 
 class RankFrames(dict[str, pl.DataFrame]):
     """The light frames; the first frame asked for that is not among them — or any look
-    at the whole mapping (iteration, `in`, `get`, `len`) — links the whole trace
-    (`relations.link.link_frames`), and from then on every frame is the full one."""
+    at the whole mapping (iteration, `in`, `get`, `len`) — builds every frame of the trace
+    (`full`: the loader's), and from then on every frame is the full one."""
 
-    def __init__(self, events: pl.DataFrame, light: dict[str, pl.DataFrame]) -> None:
+    def __init__(
+        self, light: dict[str, pl.DataFrame], full: Callable[[], Mapping[str, pl.DataFrame]]
+    ) -> None:
         super().__init__(light)
-        self._events: pl.DataFrame | None = events
+        self._full: Callable[[], Mapping[str, pl.DataFrame]] | None = full
 
     @property
     def complete(self) -> bool:
-        return self._events is None
+        return self._full is None
 
     def _complete(self) -> None:
-        from traceq.relations.link import link_frames
-
-        if self._events is not None:
-            events, self._events = self._events, None
-            self.update(link_frames(events))
+        if self._full is not None:
+            full, self._full = self._full, None
+            frames = full()
+            self.update({name: frames[name] for name in frames})
 
     def __missing__(self, name: str) -> pl.DataFrame:
-        if self._events is None:
+        if self._full is None:
             raise KeyError(name)
         self._complete()
         return self[name]
@@ -89,45 +84,102 @@ class RankFrames(dict[str, pl.DataFrame]):
         return super().items()
 
 
+class FullLoad:
+    """`traceq.load(path, cache=False)` on the first call, kept for the next ones."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        self.trace: Trace | None = None
+
+    def __call__(self) -> Trace:
+        if self.trace is None:
+            from traceq.pipeline import load
+
+            self.trace = load(self.path, cache=False)
+        return self.trace
+
+
+class RankTrace(Trace):
+    """A rank as `rankread` read it: the light frames, `ph` and `cat` of every event, and
+    the `args` of the events read. The first look at anything else (`events`, another
+    frame, the `args` of an event not read) loads the file with `traceq.load`, once."""
+
+    def __init__(self, source: str, path: str | os.PathLike[str], read: RankEvents) -> None:
+        self._read = read
+        # The callables hold the load, not this trace: a cycle through the trace would keep
+        # each rank's frames alive until a full garbage collection (+3.5 MB a rank mapped).
+        self.full = full = FullLoad(path)
+        frames = RankFrames(light_frames(read.read), lambda: full().frames)
+        super().__init__(source, read.metadata, lambda: full().events, frames)
+
+    @property
+    def unread(self) -> pl.DataFrame:
+        """Events the map did not read, counted by `ph` and `cat` (`RankEvents.unread`)."""
+        return self._read.unread
+
+    def select(self, name: str, *columns: str) -> pl.DataFrame:
+        if name == "events" and set(columns) <= set(self._read.phases.columns):
+            return self._read.phases.select(columns)
+        return super().select(name, *columns)
+
+    def with_args(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """The `args` of collectives from what was read, any other event's from the file."""
+        args = self._read.collective_args
+        if frame.join(args, on="event", how="anti").height == 0:
+            return frame.join(args, on="event", how="left")
+        return super().with_args(frame)
+
+
 def load_rank(path: str | os.PathLike[str]) -> Trace:
     """One rank's `Trace` with the frames the job's map reads (never from the cache: the
-    map of a job is one pass over each file)."""
+    map of a job is one pass over each file): a `RankTrace`, or, for a file `rankread`
+    leaves to the loader, the loader's events linked into the same light frames."""
     name = describe(path)
     try:
+        try:
+            return RankTrace(name, path, read_rank(path))
+        except Unread:
+            pass
         decoded = read_events(path, None, lambda _: None)
-        frames = light_frames(decoded.events)
+        frames = light_frames(read_frame(decoded.events))
     except TraceError as exc:
         if exc.source is None:
             raise type(exc)(str(exc), source=name) from None
         raise
+    events = decoded.events
     return Trace(
         source=name,
         metadata=decoded.metadata,
-        events=decoded.events,
-        frames=RankFrames(decoded.events, frames),
+        events=events,
+        frames=RankFrames(frames, lambda: _link(events)),
     )
 
 
-def light_frames(raw: pl.DataFrame) -> dict[str, pl.DataFrame]:
-    """ops, runtime, kernels, annotations and steps, linked as `link_frames` links them,
-    with only the columns the job's map reads."""
+def _link(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    from traceq.relations.link import link_frames
+
+    return link_frames(events)
+
+
+def light_frames(read: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """ops, runtime, kernels, annotations and steps from the events the map reads
+    (`rankread.read_frame`'s columns), linked as `link_frames` links them, with only the
+    columns the job's map reads."""
     # numpy comes with the links: imported for a cold load, not for a map served by the cache
     from traceq.relations.link import link_kernels, link_runtime, nest_ops, step_of
 
-    events = F.with_category_key(raw)
-    ops = nest_ops(_frame(events, F.OP_CATS, OP_ARGS))
-    runtime = _frame(events, F.RUNTIME_CATS, RUNTIME_ARGS, _kind(F.RUNTIME_CATS, "runtime"))
+    ops = nest_ops(_frame(read, F.OP_CATS, "external_id"))
+    runtime_kind = _kind(F.RUNTIME_CATS, "runtime")
+    runtime = _frame(read, F.RUNTIME_CATS, runtime_kind, "correlation", "external_id")
     runtime = link_runtime(runtime, ops)
-    device = pl.coalesce(F.as_int("_device"), "pid").alias("device")
-    kernels = _frame(events, F.GPU_CATS, KERNEL_ARGS, _kind(F.GPU_CATS, "kernel"), device)
+    device = pl.coalesce("_device", "pid").alias("device")
+    kernel_kind = _kind(F.GPU_CATS, "kernel")
+    kernels = _frame(read, F.GPU_CATS, kernel_kind, device, "correlation", "external_id")
     kernels = link_kernels(kernels.drop("pid", "tid"), runtime, ops)  # device, not pid
-    steps = F.steps(events)
-    frames = {
-        "ops": ops,
-        "runtime": runtime,
-        "annotations": F.annotations(events),
-        "steps": steps,
-    }
+    annotation_kind = pl.col(F.CATEGORY_KEY).replace_strict(F.ANNOTATION_CATS).alias("kind")
+    annotations = _frame(read, F.ANNOTATION_CATS, annotation_kind)
+    steps = F.steps(read)
+    frames = {"ops": ops, "runtime": runtime, "annotations": annotations, "steps": steps}
     for name in ("ops", "runtime", "annotations"):
         frames[name] = frames[name].with_columns(step_of(frames[name], steps).alias("step"))
     by_launch = step_of(kernels, steps, ts="launch_ts_ns")
@@ -137,31 +189,20 @@ def light_frames(raw: pl.DataFrame) -> dict[str, pl.DataFrame]:
     return {name: without_null_storage(frame) for name, frame in frames.items()}
 
 
-def _frame(
-    events: pl.DataFrame, cats: Any, fields: dict[str, str], *derived: pl.Expr
-) -> pl.DataFrame:
-    """The complete events of `cats`: `event, name, pid, tid, ts_ns, dur_ns, end_ns`, the
-    `external_id` / `correlation` among `fields` read as `loader.frames` reads them, and
-    `derived` columns (from the raw `_` fields or `_cat`)."""
-    rows = events.filter((pl.col("ph") == "X") & pl.col(F.CATEGORY_KEY).is_in(list(cats)))
-    base = rows.select(
+def _frame(read: pl.DataFrame, cats: Any, *columns: str | pl.Expr) -> pl.DataFrame:
+    """The complete events of `cats`: `event, name, pid, tid, ts_ns, dur_ns, end_ns` and
+    `columns` (each named as `loader.frames` names it)."""
+    rows = read.filter((pl.col("ph") == "X") & pl.col(F.CATEGORY_KEY).is_in(list(cats)))
+    return rows.select(
         "event",
         "name",
-        F.as_int("pid").alias("pid"),
-        F.as_int("tid").alias("tid"),
+        "pid",
+        "tid",
         "ts_ns",
         "dur_ns",
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
-        F.CATEGORY_KEY,
+        *columns,
     )
-    frame = pl.concat([base, F.args_frame(rows["args"], fields)], how="horizontal")
-    columns = list(derived)
-    if "_external_id" in fields.values():
-        external = pl.coalesce(F.as_int("_external_id"), F.as_int("_external_id_old"))
-        columns.append(external.alias("external_id"))
-    if "_correlation" in fields.values():
-        columns.append(F.as_int("_correlation").alias("correlation"))
-    return frame.with_columns(columns).drop(pl.selectors.starts_with("_"))
 
 
 def _kind(cats: dict[str, str], default: str) -> pl.Expr:

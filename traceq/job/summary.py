@@ -17,6 +17,8 @@ from traceq.relations.breakdown import kernel_breakdown, step_breakdown, step_ra
 from traceq.relations.collectives import rank_collectives
 from traceq.trace import Trace
 
+UNREAD = {"ph": pl.String, "cat": pl.String, "events": pl.Int64}
+
 
 @dataclass
 class RankSummary:
@@ -37,6 +39,9 @@ class RankSummary:
     ranges: pl.DataFrame
     problems: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # ph, cat, events: what the map's load did not read, counted (`RankTrace.unread`);
+    # empty when it read every event
+    unread: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=UNREAD))
 
 
 def summarize(trace: Trace, rank: int, rank_source: str) -> RankSummary:
@@ -54,7 +59,7 @@ def summarize(trace: Trace, rank: int, rank_source: str) -> RankSummary:
         schema=trace.schema,
         has_gpu=has_gpu,
         distributed=trace.distributed,
-        events=trace.events.height,
+        events=trace.select("events", "event").height,
         steps=trace.steps["step"].to_list(),
         step_ns=trace.steps.select(tag, "step", "dur_ns"),
         breakdown=step_breakdown(trace).with_columns(tag),
@@ -62,4 +67,14 @@ def summarize(trace: Trace, rank: int, rank_source: str) -> RankSummary:
         collectives=rank_collectives(trace, rank),
         ranges=step_ranges(trace).with_columns(tag),
         problems=problems,
+        unread=_unread(trace),
     )
+
+
+def _unread(trace: Trace) -> pl.DataFrame:
+    """The events the load left unread, counted (a lean `RankTrace`), else none."""
+    from traceq.job.rankload import RankTrace
+
+    if isinstance(trace, RankTrace):
+        return trace.unread.cast(UNREAD)
+    return pl.DataFrame(schema=UNREAD)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import polars as pl
 
 from traceq.relations.backward_reads import ONE_OP_FORMULAS
+from traceq.relations.breakdown import BACKWARD_OP
 
-EVALUATE = "autograd::engine::evaluate_function: "
+EVALUATE = f"{BACKWARD_OP} "
 """The engine's frame around a node: the node, then its input-buffer accumulations."""
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from traceq.kernel_names import decode
+from traceq.relations.breakdown import BACKWARD_OP
 from traceq.relations.dataflow import module_calls
 from traceq.rules.common import common_module
 
@@ -481,7 +482,7 @@ def inner_activations(ctx: Context) -> pl.DataFrame:
     )
 
 
-AUTOGRAD_NODE = r"Backward\d*$|^autograd::engine::evaluate_function: |^<backward op>$"
+AUTOGRAD_NODE = rf"Backward\d*$|^{BACKWARD_OP} |^<backward op>$"
 """An autograd node as the profiler names it (`AddmmBackward0`, the engine's frame around
 one, or a trace's anonymised `<backward op>`)."""
 

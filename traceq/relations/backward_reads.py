@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from traceq.relations import autograd
+
 if TYPE_CHECKING:
     from traceq.trace import Trace
 
-BACKWARD_NODE = r"Backward\d+$"
-"""A node of PyTorch's derivative formulas (`AddmmBackward0`, `evaluate_function:
-AddmmBackward0`). Not a custom `autograd.Function`'s (`MyFnBackward`) or TorchScript's
-`DifferentiableGraphBackward`: their backward is any code, whose ops read each other."""
+BACKWARD_NODE = autograd.FORMULA_NODE
+"""A node of PyTorch's derivative formulas, bare or in the engine's frame
+(`evaluate_function: AddmmBackward0`): their reads are known (`autograd.FORMULA_NODE`)."""
 ONE_OP_FORMULAS = frozenset(
     {"MulBackward0", "MmBackward0", "BmmBackward0", "AddmmBackward0", "BaddbmmBackward0"}
     | {"AddbmmBackward0", "MvBackward0", "AddmvBackward0"}

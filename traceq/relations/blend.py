@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceq.relations import opshapes
 from traceq.relations.matching import with_moved
 
-BASE = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+BASE = opshapes.base_names()
 
 
 def blend_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:

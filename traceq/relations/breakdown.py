@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from traceq.relations import autograd
 from traceq.relations.collectives import COMM_KERNEL, host_ranges, outermost, rank_collectives
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ BREAKDOWN = {
     "hideable_comm_ns": pl.Int64,
 }
 # Backward ops (autograd's engine names each node it runs): where a step's backward begins.
-BACKWARD_OP = "autograd::engine::evaluate_function:"
+BACKWARD_OP = autograd.ENGINE_FRAME
 
 
 def union_ns(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:

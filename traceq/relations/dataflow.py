@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from traceq.relations import opshapes
+from traceq.relations import autograd, opshapes
 from traceq.relations.backward_reads import backward_reads
 from traceq.relations.blend import blend_reads
 from traceq.relations.ddp_reducer import bucket_view_reads, without_bucket_results
@@ -625,7 +625,7 @@ def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
         ordered["event"].cast(pl.Int64).gather(root.clip(0)).alias("_root"),
         (root >= 0).alias("_has_root"),
     )
-    saves = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "").is_in(SAVES_RESULT)
+    saves = opshapes.base_names().is_in(SAVES_RESULT)
     forward = (
         ordered.filter(pl.col("sequence_number").is_not_null() & pl.col("_has_root"))
         .group_by("sequence_number")
@@ -635,8 +635,8 @@ def _fwdbwd_edges(all_ops: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     backward = ordered.filter(
         pl.col("sequence_number").is_not_null()
         & ~pl.col("_has_root")
-        & ~pl.col("name").str.starts_with("autograd::engine")
-        & pl.col("name").str.contains(r"Backward\d*$")
+        & ~pl.col("name").str.starts_with(autograd.ENGINE_FRAME)
+        & pl.col("name").str.contains(autograd.NODE)
     ).select(pl.col("event").cast(pl.Int64).alias("parent"), "sequence_number")
     work = nodes.filter(
         ~pl.col("kind").is_in([opshapes.VIEW, opshapes.COPY, opshapes.FACTORY])

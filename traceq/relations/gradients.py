@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceq.relations import autograd
 from traceq.relations.backward_reads import ONE_OP_FORMULAS
-from traceq.relations.breakdown import BACKWARD_OP
 
-EVALUATE = f"{BACKWARD_OP} "
+EVALUATE = f"{autograd.ENGINE_FRAME} "
 """The engine's frame around a node: the node, then its input-buffer accumulations."""
 
 

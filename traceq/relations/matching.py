@@ -553,7 +553,7 @@ def _scaled_term_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     """
     if edges.height == 0:
         return edges
-    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    base = opshapes.base_names()
     info = nodes.select(
         "event",
         "_seq",
@@ -899,7 +899,7 @@ def returns_bool() -> pl.Expr:
     ops: a `lt` that read a bool now reads and "replaces" the value the next `to` and
     `isin` read), edge precision 0.950 -> 0.953; bool factories: 14 more wrong edges gone
     (`full(..., dtype=torch.bool)` read as `unfinished`), 0.960 -> 0.963."""
-    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    base = opshapes.base_names()
     keeping = base.is_in(list(BOOL_KEEPING)) & (pl.col("dtype") == "bool")
     return (base.is_in(list(BOOL_RESULT)) | keeping | pl.col("_made_bool")).fill_null(False)
 
@@ -933,7 +933,7 @@ def _returns_float() -> pl.Expr:
     consumer whose arguments of its shape are all recorded as integers or bools: Mixtral's
     router `reshape`s the `topk` indices (`long`), not the weights `div_` normalized in place
     just before, both `[tokens, k]`."""
-    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    base = opshapes.base_names()
     return (
         pl.col("kind").is_in(_FLOAT_KEEPING)
         & pl.col("dtype").is_in(list(FLOAT_TYPES))

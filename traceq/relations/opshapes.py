@@ -18,6 +18,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import polars as pl
+
 Shape = list[int]
 
 # Kinds, in the words the rules use.
@@ -345,6 +347,13 @@ def base_name(name: str) -> str:
     """`aten::add_.Tensor` -> `add_`; the in-place `_` is kept."""
     op = name.split("::", 1)[-1]
     return op.split(".", 1)[0]
+
+
+def base_names(name: pl.Expr | None = None) -> pl.Expr:
+    """`base_name` of a column of op names (default `name`), for the frames' joins and
+    filters: one spelling of "the op without its namespace and overload" for all of them."""
+    name = pl.col("name") if name is None else name
+    return name.str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
 
 
 def _plain(op: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceq.relations import opshapes
 from traceq.relations.matching import THREAD, shape_key, with_moved
 
 
@@ -31,13 +32,9 @@ def rotary_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     return with_moved(edges, _rotate_half_x(edges, nodes), "+rotary-rotate-half")
 
 
-def _base(name: pl.Expr) -> pl.Expr:
-    return name.str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
-
-
 def _named(nodes: pl.DataFrame) -> pl.DataFrame:
     return nodes.select(
-        "event", "_seq", *THREAD, "_call", "_out_shape", _base(pl.col("name")).alias("_b")
+        "event", "_seq", *THREAD, "_call", "_out_shape", opshapes.base_names().alias("_b")
     )
 
 

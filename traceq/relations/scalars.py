@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from traceq.relations import opshapes
 from traceq.relations.matching import THREAD, returns_bool
 
 CONFIDENCE = 0.75
@@ -52,7 +53,7 @@ def scalar_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     """Edges into 0-d tensor inputs from the op just before (same thread, step and
     enclosing op): producer, consumer, input_index, shape ([]), confidence, evidence."""
     scope = [*THREAD, "_tree"]
-    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    base = opshapes.base_names()
     ordered = nodes.sort("_seq").with_columns(
         pl.col("event").shift(1).over(scope).alias("producer")
     )
@@ -179,7 +180,7 @@ def weighted_sum_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     """
     if edges.height == 0:
         return edges
-    base = pl.col("name").str.replace(r"^\w+::", "").str.replace(r"\..*$", "")
+    base = opshapes.base_names()
     inputs = pl.col("data_inputs")
     scalar = inputs.list.eval(pl.element().struct.field("shape").list.len() == 0).list.sum()
     types = pl.col("input_types")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from traceq.kernel_names import decode
-from traceq.relations.breakdown import BACKWARD_OP
+from traceq.relations import autograd
 from traceq.relations.dataflow import module_calls
 from traceq.rules.common import common_module
 
@@ -482,7 +482,7 @@ def inner_activations(ctx: Context) -> pl.DataFrame:
     )
 
 
-AUTOGRAD_NODE = rf"Backward\d*$|^{BACKWARD_OP} |^<backward op>$"
+AUTOGRAD_NODE = rf"{autograd.NODE}|^{autograd.ENGINE_FRAME} |^{autograd.ANONYMISED_NODE}$"
 """An autograd node as the profiler names it (`AddmmBackward0`, the engine's frame around
 one, or a trace's anonymised `<backward op>`)."""
 

@@ -35,8 +35,8 @@ from traceq.loader import frames as F
 from traceq.loader.decode import (
     EXACT_FLOAT_LIMIT_US,
     MAX_TIME_US,
-    _decimal_us_to_ns,
-    _float_us_to_ns,
+    decimal_us_to_ns,
+    float_us_to_ns,
 )
 from traceq.loader.source import read_bytes
 from traceq.loader.split import compact
@@ -194,7 +194,7 @@ def _times(events: list[_Event], exact: Callable[[], dict[str, pl.Series]]) -> d
         raise Unread("a time beyond a clock reading, or an X event without times")
     if peak >= EXACT_FLOAT_LIMIT_US and any(type(t) is float for t in ts + dur):
         return exact()
-    ns = times.select(_float_us_to_ns(pl.col("ts")), _float_us_to_ns(pl.col("dur")))
+    ns = times.select(float_us_to_ns(pl.col("ts")), float_us_to_ns(pl.col("dur")))
     return {"ts_ns": ns["ts"], "dur_ns": ns["dur"]}
 
 
@@ -204,7 +204,7 @@ def _exact_times(array: msgspec.Raw, index: pl.Series) -> dict[str, pl.Series]:
     texts = _TIMES.decode(array)
     read = [texts[i] for i in index.to_list()]
     text = pl.DataFrame({"ts": _lines([t.ts for t in read]), "dur": _lines([t.dur for t in read])})
-    ns = text.select(_decimal_us_to_ns(pl.col("ts")), _decimal_us_to_ns(pl.col("dur")))
+    ns = text.select(decimal_us_to_ns(pl.col("ts")), decimal_us_to_ns(pl.col("dur")))
     return {"ts_ns": ns["ts"], "dur_ns": ns["dur"]}
 
 

@@ -39,6 +39,37 @@ def test_local_processes_match_serial(serial):
     assert_same(serial, analysis("local", workers=2))
 
 
+AFTER_THREADS = """
+import sys
+import polars as pl
+import traceq
+big = pl.DataFrame({"k": pl.int_range(2_000_000, eager=True) % 97})
+assert big.group_by("k").len().height == 97  # polars' thread pool is up in the driver
+job = traceq.load_job(sys.argv[1], workers=2)
+print(traceq.analyze_job(job, select=["TQ4"]).frames.ranks.height, len(job.failed))
+"""
+
+
+def test_local_pool_starts_clean_after_the_driver_used_polars_threads():
+    """The local pool's start method is forkserver: a worker forked from a driver whose
+    Polars thread pool is running may hang on a lock held by a thread that fork did not
+    copy; forked from the server, whose Polars threads never ran, it starts clean."""
+    import subprocess
+    import sys
+
+    from traceq.job.engine import MP_CONTEXT
+
+    assert MP_CONTEXT == "forkserver"
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_THREADS, str(SLOW_JOB)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4", "0"]
+
+
 def test_pool_is_sized_by_cores_ranks_and_memory():
     tasks = [Task(str(i), i, "order", size_bytes=1 << 20) for i in range(64)]
     cores = len(os.sched_getaffinity(0))

@@ -230,6 +230,25 @@ def test_a_rank_reads_the_same_lean_or_by_the_loader(tmp_path, events):
     assert right.unread["events"].sum() == (2 if lean else 0)
 
 
+@pytest.mark.parametrize(
+    ("event", "args"),
+    [
+        (2, ["correlation", 9]),  # a runtime call's `args` as a list
+        (4, "a flow's args as text"),  # an event the map does not read: the loader rejects
+        (5, {"name": "python", "External id": "7"}),  # the loader's `as_int` reads it
+    ],
+    ids=["read-list", "unread-text", "unread-text-id"],
+)
+def test_an_args_of_another_type_on_any_event_goes_to_the_loader(tmp_path, event, args):
+    """Every event's `args` is decoded, in one batch from its raw text, as the whole
+    events were: a file whose `args` the loader would reject or read its own way is the
+    loader's, whichever event holds it."""
+    events = _events()
+    events[event]["args"] = args
+    with pytest.raises(Unread, match="not an object, or a key of another type"):
+        read_rank(_trace(tmp_path, events))
+
+
 def test_a_rank_the_loader_rejects_is_its_error_naming_the_file(tmp_path):
     path = _trace(tmp_path, _events(name="aten::\u0007mm"))
     with pytest.raises(Unread):

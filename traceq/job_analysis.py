@@ -42,17 +42,31 @@ class JobAnalysis:
         return [f for f in self.findings if "rank" not in f.evidence or f.rule.startswith("TQ4")]
 
 
-def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
-    """The map step: one rank's summary and its single-trace findings (as plain dicts)."""
+def rank_work(
+    task: Task, config: Config, trace_rules: bool | None = None
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The map step: one rank's summary and its single-trace findings (as plain dicts).
+
+    `trace_rules`: whether `config` selects any single-trace rule, as the driver found
+    (None: find out here). Without one, the worker never imports the rule catalogue (its
+    modules cost a worker ~0.15 CPU s, more than a rank's whole map): the rank's device
+    model is all it needs of the rules."""
     from traceq.job.rankload import load_for_map
-    from traceq.rules.config import selected
+
+    if trace_rules is None:
+        trace_rules = _selects_trace_rules(_ruleset(), config)
+    trace = load_for_map(task.path, rules=trace_rules, cache=task.cache)
+    summary = summarize(trace, task.rank, task.rank_source)
+    if not trace_rules:
+        from traceq.rules.device import device_model
+
+        model = device_model(trace).with_overrides(dict(config.device))
+        summary.extra["device"] = model.to_dict()
+        summary.extra["rules"] = []
+        return summary, []
     from traceq.rules.engine import run
 
-    ruleset = _ruleset()
-    rules = any(r.scope == "trace" for r in selected(ruleset.rules, config))
-    trace = load_for_map(task.path, rules=rules, cache=task.cache)
-    summary = summarize(trace, task.rank, task.rank_source)
-    analysis = run(trace, config, ruleset=ruleset)
+    analysis = run(trace, config, ruleset=_ruleset())
     summary.extra["device"] = analysis.device.to_dict()
     summary.extra["rules"] = [r.code for r in analysis.rules]
     findings = []
@@ -61,6 +75,12 @@ def rank_work(task: Task, config: Config) -> tuple[Any, list[dict[str, Any]]]:
         finding.message = f"rank {task.rank}: {finding.message}"
         findings.append(finding.to_dict())
     return summary, findings
+
+
+def _selects_trace_rules(ruleset: RuleSet, config: Config) -> bool:
+    from traceq.rules.config import selected
+
+    return any(r.scope == "trace" for r in selected(ruleset.rules, config))
 
 
 @functools.cache
@@ -83,18 +103,22 @@ def analyze_job(
     """Run the selected rules over `job`: single-trace rules per rank (mapped), job rules
     across ranks (reduced). Selection and thresholds as in `traceq.analyze`."""
     from traceq.analyze import _codes
+    from traceq.rules.config import check_rule_refs
+    from traceq.rules.engine import discover
 
     merged = as_config(config).merged(
         select=_codes(select),
         ignore=_codes(ignore) or (),
         options={str(k): dict(v) for k, v in (options or {}).items()},
     )
-    outcomes = job.map(rank_work, merged)
+    ruleset = discover()  # the driver's, fresh per call as `run_job_rules` found it
+    check_rule_refs(ruleset.rules, merged)  # a bad reference fails here, not in each rank
+    outcomes = job.map(rank_work, merged, _selects_trace_rules(ruleset, merged))
     summaries = [o.value[0] for o in outcomes if o.error is None]
     per_rank = [Finding.from_dict(d) for o in outcomes if o.error is None for d in o.value[1]]
     frames = reduce_summaries(summaries, job.align)
     job.__dict__["frames"] = frames
-    findings, timings = run_job_rules(frames, merged)
+    findings, timings = run_job_rules(frames, merged, ruleset=ruleset)
     everything = findings + per_rank
     everything.sort(key=lambda f: (-f.est_saving_us, -f.time_us, f.rule, f.step or 0))
     devices = {s.rank: s.extra["device"] for s in summaries}

@@ -22,6 +22,12 @@ from typing import Any
 from traceq.errors import TraceError
 
 ENGINES = ("local", "serial", "ray")
+# The local pool's start method. Not fork: a worker forked from a driver whose Polars
+# thread pool is running can hang on a lock some thread held at the fork. Not spawn:
+# each worker would start a fresh interpreter of its own. forkserver forks each worker
+# from one server process started for the pool, whose Polars threads never ran; each
+# worker then imports what the map function needs (tests/test_job_engines.py).
+MP_CONTEXT = "forkserver"
 PEAK_PER_BYTE = 4  # a rank's load peaks near 4x its uncompressed JSON (docs/benchmarks.md)
 
 
@@ -109,8 +115,7 @@ def map_ranks(
     size = pool_size(tasks, workers)
     if engine == "serial" or size == 1 or len(tasks) <= 1:
         return [run_task(fn, t, args) for t in tasks]
-    # forkserver: polars' thread pool does not survive fork(); each worker starts clean.
-    with ProcessPoolExecutor(size, mp_context=get_context("forkserver")) as pool:
+    with ProcessPoolExecutor(size, mp_context=get_context(MP_CONTEXT)) as pool:
         return list(pool.map(run_task, [fn] * len(tasks), tasks, [args] * len(tasks)))
 
 

@@ -6,9 +6,11 @@ process, thread, times and three `args` keys (`External id`, `correlation`, `dev
 the whole `args` of the few events that are collectives. The loader's NDJSON decode
 (`loader.decode`) parses every field of every event and keeps every `args` as text, to be
 parsed again per frame: three quarters of a rank's map. Here msgspec decodes each event
-into a `Struct` of just those fields (it skips the rest of each object in C), Python keeps
-the events the map reads, and only their columns are built; `ph` and `cat` are kept for
-every event, so each event is either read or counted (`RankEvents.unread`).
+into a `Struct` of just those fields (it skips the rest of each object in C), keeping its
+`args` as the raw slice of the file, then decodes every `args` in one batch (one call, and
+a collective's whole `args` is its slice as it is: no second pass over the file); Python
+keeps the events the map reads, and only their columns are built; `ph` and `cat` are kept for every
+event, so each event is either read or counted (`RankEvents.unread`).
 
 Every column is the one the loader would give, value for value (`read_frame` builds the
 same columns from the loader's events; `tests/test_job_rankload.py` compares them): the
@@ -35,8 +37,8 @@ from traceq.loader import frames as F
 from traceq.loader.decode import (
     EXACT_FLOAT_LIMIT_US,
     MAX_TIME_US,
-    _decimal_us_to_ns,
-    _float_us_to_ns,
+    decimal_us_to_ns,
+    float_us_to_ns,
 )
 from traceq.loader.source import read_bytes
 from traceq.loader.split import compact
@@ -71,9 +73,11 @@ class _Args(msgspec.Struct, gc=False):
 
 
 class _Event(msgspec.Struct, gc=False):
-    """The fields the map reads, typed as the format requires, and the `args` keys it
-    reads as integers: a value of another type fails the decode (`Unread`), where the
-    loader would explain it, or read its text its own way (`as_int`: '7.0', 'stream 7')."""
+    """The fields the map reads, typed as the format requires: a value of another type
+    fails the decode (`Unread`), where the loader would explain it, or read its text its
+    own way (`as_int`: '7.0', 'stream 7'). `args` is the raw JSON text, decoded for every
+    event in one batch (`_ARGS`, typed as before, so the same files go to the loader): a
+    collective's whole `args` is this very slice."""
 
     ph: str | None = None
     cat: str | None = None
@@ -82,12 +86,6 @@ class _Event(msgspec.Struct, gc=False):
     tid: int | str | None = None
     ts: int | float | None = None
     dur: int | float | None = None
-    args: _Args | None = None
-
-
-class _ArgsText(msgspec.Struct, gc=False):
-    """An event's whole `args`, as text: read for the collectives only."""
-
     args: msgspec.Raw = msgspec.Raw(b"null")
 
 
@@ -100,8 +98,7 @@ class _Times(msgspec.Struct, gc=False):
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[_Event])
-_SLICES = msgspec.json.Decoder(list[msgspec.Raw])
-_ARGS_TEXT = msgspec.json.Decoder(_ArgsText)
+_ARGS = msgspec.json.Decoder(list[_Args | None])  # every event's `args`, one batch
 _TIMES = msgspec.json.Decoder(list[_Times])
 _NONE = _Args()
 
@@ -144,7 +141,8 @@ def read_rank(path: str | os.PathLike[str]) -> RankEvents:
         events = _EVENTS.decode(array)
         metadata = {key: msgspec.json.decode(value) for key, value in top.items()}
     except (msgspec.DecodeError, KeyError, RecursionError):
-        raise Unread("not a trace object, or a field or `args` key of another type") from None
+        raise Unread("not a trace object, or a field of another type") from None
+    args = _decode_args(_field(events, "args"))
     phases = pl.DataFrame(
         {
             "ph": pl.Series(_field(events, "ph"), dtype=pl.Categorical),
@@ -155,7 +153,8 @@ def read_rank(path: str | os.PathLike[str]) -> RankEvents:
     if phases["ph"].null_count() or any(_CONTROL.search(text) for text in texts):
         raise Unread("an event without `ph`, or a control character")  # the loader rejects
     index = _read_index(phases, events)
-    read = [events[i] for i in index.to_list()]
+    positions = index.to_list()
+    read = [events[i] for i in positions]
     times = _times(read, lambda: _exact_times(array, index))
     frame = pl.DataFrame(
         {
@@ -164,13 +163,13 @@ def read_rank(path: str | os.PathLike[str]) -> RankEvents:
             "pid": _ids(_field(read, "pid")),
             "tid": _ids(_field(read, "tid")),
             **times,
-            **_args(_field(read, "args")),
+            **_args([args[i] for i in positions]),
         }
     )
     if (frame["dur_ns"] < 0).any() or frame["name"].str.contains(_CONTROL.pattern).any():
         raise Unread("a negative duration, or a control character in a name")
-    collectives = frame.filter(pl.col("name").str.contains(COLLECTIVE_NAME))["event"]
-    return RankEvents(metadata, phases, _finish(frame), _collective_args(array, collectives))
+    collectives = frame.with_row_index("_read").filter(pl.col("name").str.contains(COLLECTIVE_NAME))
+    return RankEvents(metadata, phases, _finish(frame), _collective_args(read, collectives))
 
 
 def _read_index(phases: pl.DataFrame, events: list[_Event]) -> pl.Series:
@@ -194,7 +193,7 @@ def _times(events: list[_Event], exact: Callable[[], dict[str, pl.Series]]) -> d
         raise Unread("a time beyond a clock reading, or an X event without times")
     if peak >= EXACT_FLOAT_LIMIT_US and any(type(t) is float for t in ts + dur):
         return exact()
-    ns = times.select(_float_us_to_ns(pl.col("ts")), _float_us_to_ns(pl.col("dur")))
+    ns = times.select(float_us_to_ns(pl.col("ts")), float_us_to_ns(pl.col("dur")))
     return {"ts_ns": ns["ts"], "dur_ns": ns["dur"]}
 
 
@@ -204,7 +203,7 @@ def _exact_times(array: msgspec.Raw, index: pl.Series) -> dict[str, pl.Series]:
     texts = _TIMES.decode(array)
     read = [texts[i] for i in index.to_list()]
     text = pl.DataFrame({"ts": _lines([t.ts for t in read]), "dur": _lines([t.dur for t in read])})
-    ns = text.select(_decimal_us_to_ns(pl.col("ts")), _decimal_us_to_ns(pl.col("dur")))
+    ns = text.select(decimal_us_to_ns(pl.col("ts")), decimal_us_to_ns(pl.col("dur")))
     return {"ts_ns": ns["ts"], "dur_ns": ns["dur"]}
 
 
@@ -226,6 +225,16 @@ def _ids(ids: list[int | str | None]) -> pl.Series:
         return text.to_frame("id").select(F.as_int("id")).to_series()
 
 
+def _decode_args(raws: list[msgspec.Raw]) -> list[_Args | None]:
+    """Every event's `args` (raw JSON) decoded in one call; `Unread` when one is not an
+    object (the loader rejects it) or an `ARGS` key's value is not an integer (the loader
+    reads its text its own way)."""
+    try:
+        return _ARGS.decode(b"".join([b"[", b",".join(raws), b"]"]))
+    except msgspec.DecodeError:
+        raise Unread("an `args` that is not an object, or a key of another type") from None
+
+
 def _args(decoded: list[_Args | None]) -> dict[str, pl.Series]:
     """The `ARGS` keys of each event's `args`, as integer columns; `Unread` when one
     does not fit 64 bits (the loader's `as_int` reads it as null)."""
@@ -239,13 +248,12 @@ def _args(decoded: list[_Args | None]) -> dict[str, pl.Series]:
         raise Unread("an `args` integer beyond 64 bits") from None
 
 
-def _collective_args(array: msgspec.Raw, events: pl.Series) -> pl.DataFrame:
-    """`event, args` of the collectives: their `args` as the loader keeps the text
-    (compacted; null when there is none)."""
-    slices = _SLICES.decode(array) if events.len() else []
-    texts = [compact(_ARGS_TEXT.decode(slices[i]).args).decode() for i in events.to_list()]
+def _collective_args(read: list[_Event], collectives: pl.DataFrame) -> pl.DataFrame:
+    """`event, args` of the collectives (`event`, and `_read`: their place in `read`):
+    their `args` as the loader keeps the text (compacted; null when there is none)."""
+    texts = [compact(read[i].args).decode() for i in collectives["_read"].to_list()]
     args = pl.Series(texts, dtype=pl.String)
-    return pl.DataFrame({"event": events, "args": args.replace("null", None)})
+    return pl.DataFrame({"event": collectives["event"], "args": args.replace("null", None)})
 
 
 def _finish(frame: pl.DataFrame) -> pl.DataFrame:

@@ -342,14 +342,14 @@ def _with_exact_times(events: pl.DataFrame, fields: list[_Fields], ndjson: bytes
         ts_text = _lines(b"\n".join([t.ts for t in texts]).decode(), n)
         dur_text = _lines(b"\n".join([t.dur for t in texts]).decode(), n)
         times = pl.DataFrame({"ts": ts_text, "dur": dur_text}).select(
-            _decimal_us_to_ns(pl.col("ts")).alias("ts_ns"),
-            _decimal_us_to_ns(pl.col("dur")).alias("dur_ns"),
+            decimal_us_to_ns(pl.col("ts")).alias("ts_ns"),
+            decimal_us_to_ns(pl.col("dur")).alias("dur_ns"),
         )
         events = events.with_columns(times)
     else:
         events = events.with_columns(
-            _float_us_to_ns(pl.col("ts")).alias("ts_ns"),
-            _float_us_to_ns(pl.col("dur")).alias("dur_ns"),
+            float_us_to_ns(pl.col("ts")).alias("ts_ns"),
+            float_us_to_ns(pl.col("dur")).alias("dur_ns"),
         )
     return events.drop("ts", "dur")
 
@@ -375,7 +375,7 @@ def _lines(text: str, n: int) -> pl.Series:
     return lines.to_frame().select(pl.when(lines != "").then(lines)).to_series()
 
 
-def _decimal_us_to_ns(text: pl.Expr) -> pl.Expr:
+def decimal_us_to_ns(text: pl.Expr) -> pl.Expr:
     """Exact: '1712195495519689.047' -> 1712195495519689047. Exponents fall back to floats.
 
     Digits below the nanosecond (Kineto writes none) round to the nearest, ties away from 0.
@@ -386,11 +386,11 @@ def _decimal_us_to_ns(text: pl.Expr) -> pl.Expr:
     frac_ns = frac.str.slice(0, 3).str.pad_end(3, "0").cast(pl.Int64) + sub_ns.cast(pl.Int64)
     sign = pl.when(text.str.starts_with("-")).then(-1).otherwise(1)
     exact = whole.cast(pl.Int64) * 1000 + sign * frac_ns
-    fallback = _float_us_to_ns(text.cast(pl.Float64, strict=False))
+    fallback = float_us_to_ns(text.cast(pl.Float64, strict=False))
     return pl.when(whole.is_not_null()).then(exact).otherwise(fallback)
 
 
-def _float_us_to_ns(us: pl.Expr) -> pl.Expr:
+def float_us_to_ns(us: pl.Expr) -> pl.Expr:
     """Exact below 2**43 us: the fraction is taken apart from the integer before scaling."""
     whole = us.floor()
     return whole.cast(pl.Int64) * 1000 + ((us - whole) * 1000).round().cast(pl.Int64)

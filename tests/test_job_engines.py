@@ -112,3 +112,49 @@ def test_ray_local_cluster_matches_serial(serial):
         assert outcomes[1].error == "rank 1: gone.json: no such file"
     finally:
         ray.shutdown()
+
+
+UNGUARDED = """
+import traceq
+job = traceq.load_job({job!r}, workers=2)
+print(len(traceq.analyze_job(job, select=["TQ4"]).findings))
+"""
+
+
+def test_a_script_without_a_main_guard_gets_one_line_saying_so(tmp_path):
+    """Each local worker imports the driver's script; one that maps its job at import
+    ran the job again in every worker, and each failed with multiprocessing's traceback
+    ("An attempt has been made to start a new process before ...") under the driver's
+    `BrokenProcessPool`. Now the workers exit quietly and the driver says what to do."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job_script.py"
+    script.write_text(UNGUARDED.format(job=str(SLOW_JOB)))
+    run = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("traceq.errors.TraceError: a worker process of the local engine died")
+    assert f"{script} may run its job at import" in last
+    assert 'if __name__ == "__main__":' in last
+    assert "An attempt has been made to start a new process" not in run.stderr
+    assert "BrokenProcessPool" not in run.stderr
+
+    guarded = tmp_path / "guarded.py"
+    body = "".join(f"    {line}\n" for line in UNGUARDED.format(job=str(SLOW_JOB)).splitlines())
+    guarded.write_text(f'if __name__ == "__main__":\n{body}')
+    ok = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert int(ok.stdout.split()[-1]) >= 1  # the slowed rank's straggler, at least
+
+
+def _die(task: Task) -> None:
+    os._exit(3)  # a worker killed mid-rank, as the kernel's OOM killer would
+
+
+def test_a_worker_that_dies_is_one_line_not_a_traceback():
+    tasks = [Task(str(SLOW_JOB / f"rank{r}.json.gz"), r, "file name") for r in range(2)]
+    with pytest.raises(traceq.TraceError, match=r"^a worker process of the local engine died"):
+        map_ranks(_die, tasks, engine="local", workers=2)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import get_context
+from multiprocessing import current_process, get_context
 from typing import Any
 
 from traceq.errors import TraceError
@@ -115,8 +117,38 @@ def map_ranks(
     size = pool_size(tasks, workers)
     if engine == "serial" or size == 1 or len(tasks) <= 1:
         return [run_task(fn, t, args) for t in tasks]
-    with ProcessPoolExecutor(size, mp_context=get_context(MP_CONTEXT)) as pool:
-        return list(pool.map(run_task, [fn] * len(tasks), tasks, [args] * len(tasks)))
+    if _rerunning_a_script():
+        raise SystemExit(1)  # quietly: the driver's `BrokenProcessPool` says why, once
+    try:
+        with ProcessPoolExecutor(size, mp_context=get_context(MP_CONTEXT)) as pool:
+            return list(pool.map(run_task, [fn] * len(tasks), tasks, [args] * len(tasks)))
+    except BrokenProcessPool:
+        raise TraceError(_broken_pool_problem()) from None
+
+
+def _rerunning_a_script() -> bool:
+    """Whether this is a local worker running the user's script again: a starting worker
+    imports the driver's `__main__` file as `__mp_main__` (forkserver does, as spawn), so a script
+    whose job is not under `if __name__ == "__main__":` maps its job again in every worker,
+    while it is still starting (`_inheriting`), and multiprocessing fails there with a
+    traceback per worker."""
+    return bool(getattr(current_process(), "_inheriting", False))  # multiprocessing's test
+
+
+def _broken_pool_problem() -> str:
+    """One line for a local worker that died: the likely causes, what to do about each."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    guard = (
+        f"{script} may run its job at import: each worker imports it, so put the job under "
+        '`if __name__ == "__main__":`; or '
+        if script
+        else ""
+    )
+    return (
+        f"a worker process of the local engine died before its ranks were mapped: {guard}"
+        "it was killed (out of memory?): use fewer workers (workers=N, --workers N) or the "
+        "serial engine"
+    )
 
 
 def _ray_map(

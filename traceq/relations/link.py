@@ -116,22 +116,21 @@ def link_kernels(kernels: pl.DataFrame, runtime: pl.DataFrame, ops: pl.DataFrame
 
 
 def step_of(frame: pl.DataFrame, steps: pl.DataFrame, ts: str = "ts_ns") -> pl.Series:
-    """The `ProfilerStep#N` whose CPU window holds each row's `ts` (null outside steps)."""
+    """The `ProfilerStep#N` whose CPU window holds each row's `ts` (null outside steps): the
+    last window starting at or before it, if it has not ended. A binary search over the
+    sorted starts (numpy), not an as-of join: a job's map asks this five times per rank,
+    and the join's sort, row index and join back cost more than the search."""
     if steps.height == 0 or frame.height == 0:
         return pl.Series("step", [None] * frame.height, dtype=pl.Int64)
-    windows = steps.select(
-        "step", pl.col("ts_ns").alias("_start"), pl.col("end_ns").alias("_end")
-    ).sort("_start")
-    probe = frame.select(pl.col(ts).alias("_t")).with_row_index("_row")
-    found = (
-        probe.filter(pl.col("_t").is_not_null())
-        .sort("_t")
-        .join_asof(windows, left_on="_t", right_on="_start", strategy="backward")
-        .with_columns(pl.when(pl.col("_t") < pl.col("_end")).then("step").alias("step"))
+    windows = steps.filter(pl.col("ts_ns").is_not_null()).sort("ts_ns", maintain_order=True)
+    times = frame[ts]
+    at = np.searchsorted(windows["ts_ns"].to_numpy(), times.fill_null(0).to_numpy(), "right")
+    found = pl.DataFrame({"_t": times, "_at": pl.Series(at, dtype=pl.Int64) - 1}).select(
+        pl.when(pl.col("_t").is_not_null() & (pl.col("_at") >= 0)).then("_at")
     )
-    return probe.join(found.select("_row", "step"), on="_row", how="left", maintain_order="left")[
-        "step"
-    ]
+    index = found.to_series()
+    inside = (times < windows["end_ns"].gather(index)).fill_null(False)
+    return windows["step"].gather(index).set(~inside, None).alias("step")
 
 
 def attribute_steps(frames: dict[str, pl.DataFrame]) -> None:

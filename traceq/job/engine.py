@@ -14,9 +14,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import current_process, get_context
 from typing import Any
@@ -30,6 +31,7 @@ ENGINES = ("local", "serial", "ray")
 # from one server process started for the pool, whose Polars threads never ran; each
 # worker then imports what the map function needs (tests/test_job_engines.py).
 MP_CONTEXT = "forkserver"
+THREADS_VARIABLE = "POLARS_MAX_THREADS"  # read by Polars when it is imported
 PEAK_PER_BYTE = 4  # a rank's load peaks near 4x its uncompressed JSON (docs/benchmarks.md)
 
 
@@ -94,10 +96,16 @@ def pool_size(tasks: Sequence[Task], workers: int | None = None) -> int:
     the largest rank's expected peak), at least 1."""
     if workers:
         return max(1, workers)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     peak = max((t.size_bytes for t in tasks), default=0) * PEAK_PER_BYTE or 1
     by_memory = int(free_memory_bytes() * 0.8 // peak)
-    return max(1, min(cores or 1, len(tasks), by_memory))
+    return max(1, min(_cores(), len(tasks), by_memory))
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def map_ranks(
@@ -121,9 +129,36 @@ def map_ranks(
         raise SystemExit(1)  # quietly: the driver's `BrokenProcessPool` says why, once
     try:
         with ProcessPoolExecutor(size, mp_context=get_context(MP_CONTEXT)) as pool:
-            return list(pool.map(run_task, [fn] * len(tasks), tasks, [args] * len(tasks)))
+            with _polars_threads(worker_threads(size)):  # each submit starts a worker
+                futures = [pool.submit(run_task, fn, task, args) for task in tasks]
+            return [future.result() for future in futures]
     except BrokenProcessPool:
         raise TraceError(_broken_pool_problem()) from None
+
+
+def worker_threads(size: int) -> int:
+    """Polars threads for each of `size` local workers: the cores shared among them. The
+    workers already are the map's parallelism, one per core; a Polars pool of a thread per
+    core in every one of them only adds contention to a rank's many small queries (the
+    64-rank bench job: 7.82 -> 7.01 s with one thread each on 2 cores, docs/benchmarks.md)."""
+    return max(1, _cores() // size)
+
+
+@contextmanager
+def _polars_threads(threads: int) -> Iterator[None]:
+    """`POLARS_MAX_THREADS` for the workers started inside, unless the user set it. Polars
+    reads it once, when imported, and a worker has Polars from the forkserver it is forked
+    from (which imports the driver's script) or imports it first thing; the forkserver
+    takes the driver's environment when it starts, at the process's first local pool, so
+    that pool's count holds for the process's later pools too."""
+    if THREADS_VARIABLE in os.environ:
+        yield
+        return
+    os.environ[THREADS_VARIABLE] = str(threads)
+    try:
+        yield
+    finally:
+        os.environ.pop(THREADS_VARIABLE, None)
 
 
 def _rerunning_a_script() -> bool:

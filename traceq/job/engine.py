@@ -28,8 +28,9 @@ ENGINES = ("local", "serial", "ray")
 # The local pool's start method. Not fork: a worker forked from a driver whose Polars
 # thread pool is running can hang on a lock some thread held at the fork. Not spawn:
 # each worker would start a fresh interpreter of its own. forkserver forks each worker
-# from one server process started for the pool, whose Polars threads never ran; each
-# worker then imports what the map function needs (tests/test_job_engines.py).
+# from one server process (started at the process's first local pool, and kept), whose
+# Polars threads never ran; each worker then imports what the map function needs
+# (tests/test_job_engines.py).
 MP_CONTEXT = "forkserver"
 THREADS_VARIABLE = "POLARS_MAX_THREADS"  # read by Polars when it is imported
 PEAK_PER_BYTE = 4  # a rank's load peaks near 4x its uncompressed JSON (docs/benchmarks.md)

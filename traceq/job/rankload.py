@@ -46,8 +46,7 @@ class RankFrames(dict[str, pl.DataFrame]):
     def _complete(self) -> None:
         if self._full is not None:
             full, self._full = self._full, None
-            frames = full()
-            self.update({name: frames[name] for name in frames})
+            self.update(full())
 
     def __missing__(self, name: str) -> pl.DataFrame:
         if self._full is None:

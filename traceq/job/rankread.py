@@ -37,6 +37,7 @@ from traceq.loader import frames as F
 from traceq.loader.decode import (
     EXACT_FLOAT_LIMIT_US,
     MAX_TIME_US,
+    TimesText,
     decimal_us_to_ns,
     float_us_to_ns,
 )
@@ -89,17 +90,10 @@ class _Event(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw(b"null")
 
 
-class _Times(msgspec.Struct, gc=False):
-    """The decimal text of an event's times, read where float64 may round them."""
-
-    ts: msgspec.Raw = msgspec.Raw(b"")
-    dur: msgspec.Raw = msgspec.Raw(b"")
-
-
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[_Event])
 _ARGS = msgspec.json.Decoder(list[_Args | None])  # every event's `args`, one batch
-_TIMES = msgspec.json.Decoder(list[_Times])
+_TIMES = msgspec.json.Decoder(list[TimesText])
 _NONE = _Args()
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 _POLL_S = 0.05  # how often a producer waiting for room checks that it may go on
 
 
-class _Raised(Generic[T]):
+class _Raised:
     """What the producer raised, carried to the consumer to be raised there."""
 
     def __init__(self, error: BaseException) -> None:

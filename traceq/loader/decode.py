@@ -109,8 +109,9 @@ class _Fields(msgspec.Struct, gc=False):
     args: msgspec.Raw = msgspec.Raw(b"")
 
 
-class _Times(msgspec.Struct, gc=False):
-    """The exact decimal text of an event's times, read only when float64 may round them."""
+class TimesText(msgspec.Struct, gc=False):
+    """The exact decimal text of an event's times, read only when float64 may round them
+    (here, and by the job's lean reader, `job.rankread`)."""
 
     ts: msgspec.Raw = msgspec.Raw(b"")
     dur: msgspec.Raw = msgspec.Raw(b"")
@@ -119,7 +120,7 @@ class _Times(msgspec.Struct, gc=False):
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
 _EVENT_SLICES = msgspec.json.Decoder(list[msgspec.Raw])
 _FIELDS = msgspec.json.Decoder(_Fields)
-_TIMES = msgspec.json.Decoder(_Times)
+_TIMES = msgspec.json.Decoder(TimesText)
 _STRICT = msgspec.json.Decoder(_StrictEvent)
 
 

@@ -177,6 +177,11 @@ CASES: dict[str, tuple[Maker, type[traceq.TraceError], str]] = {
         "timestamp or duration beyond",
     ),
     "negative duration": (write(trace_json(event(dur=-3))), TraceSchemaError, "negative duration"),
+    "an integer of 39 digits in args": (
+        write(trace_json(event(), event(args={"Input Dims": [[-(2**127) - 1]]}))),
+        TraceSchemaError,
+        r"event 1 holds the integer -17014118346\.\.\.105729 \(39 digits\), beyond what",
+    ),
     "missing ph": (write(trace_json(event(ph=...))), TraceSchemaError, "has no 'ph'"),
     "X without dur": (write(trace_json(event(dur=...))), TraceSchemaError, "without 'dur'"),
     "X without ts": (write(trace_json(event(ts=...))), TraceSchemaError, "has no 'ts'"),

@@ -22,7 +22,7 @@ from polars.testing import assert_frame_equal
 
 import traceq
 from traceq.loader import frames as F
-from traceq.loader.decode import CATEGORICAL, decode, decode_stream
+from traceq.loader.decode import CATEGORICAL, POLARS_INTEGERS, decode, decode_stream
 
 ARGS = (
     '{"a" : 1.0 ,\n "b\\u00e9": "x\\n\\"}\\u00e9",  "c": 1e300, "d": -0.0,'
@@ -67,7 +67,9 @@ def test_text_columns_with_few_values_are_categorical_everywhere() -> None:
 
 
 keys = st.sampled_from(["a", "b c", "External id", "stream", 'q"', "é"])
-values = st.none() | st.integers(-5, 5) | st.text(max_size=4) | st.lists(st.integers(), max_size=2)
+# Integers as far as Polars reads them (past them the loader refuses the trace, in one line).
+integers = st.integers(*POLARS_INTEGERS)
+values = st.none() | st.integers(-5, 5) | st.text(max_size=4) | st.lists(integers, max_size=2)
 args_texts = st.none() | st.dictionaries(keys, values, max_size=4).map(
     lambda d: json.dumps(d, ensure_ascii=False)
 )
@@ -178,3 +180,11 @@ def test_flows_are_ordered_as_by_one_three_key_sort(points: list[tuple[str, int,
     flows = F.flows(frame)
     expected = flows.sort("start_ts_ns", "start_event", "end_event", nulls_last=True)
     assert_frame_equal(flows, expected)
+
+
+def test_the_largest_integers_polars_reads_load_with_their_exact_text() -> None:
+    low, high = POLARS_INTEGERS
+    text = f'{{"a": [{low}, {high}], "b": 0.{"1" * 45}, "c": "{"9" * 50}"}}'
+    trace = traceq.load(io.BytesIO(document(text)), cache=False)
+    assert trace.events["args"].to_list() == [without_whitespace(text)] * 3
+    assert trace.ops.height == 3

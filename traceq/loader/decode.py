@@ -66,6 +66,10 @@ _SUSPECT_ID = r"^(?:[\[{]|true$|false$|-?\d+(?:\.\d*)?(?:[eE]|\.))"
 _BLANK = re.compile(rb"\s*\Z")
 _BOM = b"\xef\xbb\xbf"
 _BRACKET_OR_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}]')
+_STRING_OR_INTEGER = re.compile(rb'"(?:[^"\\]++|\\.)*+"|(?<![\w.+-])-?\d+(?![\w.])')
+# The integers Polars' JSON reader reads, even where it only skips a value (in `args`):
+# past them it rejects the whole batch. JSON sets no limit; no profiler writes them.
+POLARS_INTEGERS = (-(2**127), 2**128 - 1)
 # What JSON calls the types of decoded values (messages never say "NoneType" or "dict").
 JSON_TYPES: dict[type, str] = {
     str: "a string",
@@ -396,8 +400,28 @@ def _explain(batch: list[msgspec.Raw], start: int, exc: Exception) -> TraceSchem
             _STRICT.decode(raw)
         except msgspec.DecodeError as err:
             return _strict_problem(start + offset, err)
+    for offset, raw in enumerate(batch):
+        number = _unreadable_integer(bytes(raw))
+        if number is not None:
+            shown = number if len(number) <= 24 else f"{number[:12]}...{number[-6:]}"
+            return TraceSchemaError(
+                f"event {start + offset} holds the integer {shown} ({len(number.lstrip('-'))} "
+                f"digits), beyond what the parser reads ({POLARS_INTEGERS[0]:.2e} to "
+                f"{POLARS_INTEGERS[1]:.2e})"
+            )
     first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return TraceSchemaError(f"events {start}..{start + len(batch) - 1}: {first_line}")
+
+
+def _unreadable_integer(raw: bytes) -> str | None:
+    """The first integer of an event's text (outside strings) that Polars cannot read.
+    Runs only on a batch Polars rejected and msgspec accepted."""
+    low, high = POLARS_INTEGERS
+    for token in _STRING_OR_INTEGER.finditer(raw):
+        text = token[0]
+        if text[:1] != b'"' and not low <= int(text) <= high:
+            return text.decode()
+    return None
 
 
 def _with_exact_times(events: pl.DataFrame, fields: list[_Fields], ndjson: bytes) -> pl.DataFrame:

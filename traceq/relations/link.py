@@ -109,12 +109,21 @@ def link_kernels(kernels: pl.DataFrame, runtime: pl.DataFrame, ops: pl.DataFrame
         .filter(pl.col("external_id").is_not_null())
         .unique("external_id", keep="first")
     )
-    return (
-        kernels.join(launches, on="correlation", how="left", maintain_order="left")
+    # Joined on the two keys alone, the looked-up columns then added to the kernels: a join
+    # of the whole frame copied every kernel column twice (the link's peak, 2.16M events).
+    found = (
+        kernels.select("correlation", "external_id")
+        .join(launches, on="correlation", how="left", maintain_order="left")
         .join(by_external, on="external_id", how="left", maintain_order="left")
-        .with_columns(pl.coalesce("_launch_op", "_external_op").alias("op_event"))
-        .drop("_launch_op", "_external_op")
+        .select(
+            "runtime_event",
+            "launch_ts_ns",
+            "launch_pid",
+            "launch_tid",
+            pl.coalesce("_launch_op", "_external_op").alias("op_event"),
+        )
     )
+    return kernels.hstack(found)
 
 
 def step_of(frame: pl.DataFrame, steps: pl.DataFrame, ts: str = "ts_ns") -> pl.Series:
@@ -191,39 +200,45 @@ def link_frames(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     """All typed frames of one trace (`loader.frames`), linked to each other: ops nested,
     launches joined to their kernels and ops, everything placed in its step and module.
 
-    The GPU side (kernels, flows: their `args` and id parses) is built in a second thread
-    while this one nests the ops and links the runtime calls: each side is a chain of Polars
-    queries that leaves a core idle between its parallel parts. 2.16M events: 2.05 -> 1.7 s,
-    with the same peak (the two sides' frames are all held at the end anyway)."""
+    The kernels (their `args` parse, the longest frame to build) are built in a second
+    thread while this one nests the ops and links the runtime calls: each is a chain of
+    Polars queries that leaves a core idle between its parallel parts. The flows come
+    first: pairing them by id is the largest transient of the link (~100 MiB on 2.16M
+    events), and it costs least while little else is held.
+    """
     events = F.with_category_key(events)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceq-link") as pool:
         gpu = pool.submit(F.kernels, events)
-        flow_points = pool.submit(F.flow_points, events)
-        flows = pool.submit(lambda: F.flows(flow_points.result()))
+        points = F.flow_points(events)
+        flows = F.flows(points)
         ops = nest_ops(F.ops(events))
         runtime = link_runtime(F.runtime(events), ops)
-        python = F.python(events)
-        module_calls = modules(python)
-        frames = {
-            "ops": ops,
-            "kernels": link_kernels(gpu.result(), runtime, ops),
-            "runtime": runtime,
-            "annotations": F.annotations(events),
-            "steps": F.steps(events),
-            "python": python,
-            "modules": module_calls,
-            "flows": flows.result(),
-            "flow_points": flow_points.result(),
-            "syncs": F.syncs(events),
-            "counters": F.counters(events),
-            "instants": F.instants(events),
-            "threads": F.threads(events),
-            "other": F.other(events),
-        }
+        kernels = link_kernels(gpu.result(), runtime, ops)
+    python = F.python(events)
+    module_calls = modules(python)
+    frames = {
+        "ops": ops,
+        "kernels": kernels,
+        "runtime": runtime,
+        "annotations": F.annotations(events),
+        "steps": F.steps(events),
+        "python": python,
+        "modules": module_calls,
+        "flows": flows,
+        "flow_points": points,
+        "syncs": F.syncs(events),
+        "counters": F.counters(events),
+        "instants": F.instants(events),
+        "threads": F.threads(events),
+        "other": F.other(events),
+    }
     attribute_steps(frames)
     frames["ops"] = frames["ops"].with_columns(attribute_modules(frames["ops"], module_calls))
     op_modules = frames["ops"].select(pl.col("event").alias("op_event"), pl.col("module"))
-    frames["kernels"] = frames["kernels"].join(
-        op_modules, on="op_event", how="left", maintain_order="left"
+    kernel_modules = (
+        frames["kernels"]
+        .select("op_event")
+        .join(op_modules, on="op_event", how="left", maintain_order="left")
     )
+    frames["kernels"] = frames["kernels"].hstack([kernel_modules["module"]])
     return {name: without_null_storage(frame) for name, frame in frames.items()}

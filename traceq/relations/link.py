@@ -110,7 +110,7 @@ def link_kernels(kernels: pl.DataFrame, runtime: pl.DataFrame, ops: pl.DataFrame
         .unique("external_id", keep="first")
     )
     # Joined on the two keys alone, the looked-up columns then added to the kernels: a join
-    # of the whole frame copied every kernel column twice (the link's peak, 2.16M events).
+    # of the whole frame copied every kernel column twice.
     found = (
         kernels.select("correlation", "external_id")
         .join(launches, on="correlation", how="left", maintain_order="left")

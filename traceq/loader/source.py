@@ -10,12 +10,28 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import BinaryIO
 
 from traceq.errors import TraceFileError, TraceTooLargeError
+
+
+def _inflater() -> ModuleType:
+    """Intel's ISA-L (`isal`) where it is installed: zlib's interface, inflating about twice
+    as fast (588 MB of trace JSON: 0.63-0.70 against 1.2-1.5 CPU s), which is a tenth of a
+    job's map per gzipped rank. The standard library's zlib elsewhere."""
+    try:
+        from isal import isal_zlib
+    except ImportError:  # a platform without its wheels
+        import zlib
+
+        return zlib
+    return isal_zlib
+
+
+inflate = _inflater()
 
 GZIP_MAGIC = b"\x1f\x8b"
 CHUNK = 16 << 20  # output per decompress call
@@ -119,7 +135,7 @@ class Stream:
         far (a bomb is stopped after RATIO_FLOOR of output, however long the file)."""
         size = 0
         while True:  # one gzip member per turn
-            member = zlib.decompressobj(wbits=31)
+            member = inflate.decompressobj(wbits=31)
             while not member.eof:
                 if not data:
                     data = self._read(file, IN_CHUNK)
@@ -127,7 +143,7 @@ class Stream:
                         raise TraceFileError("truncated gzip stream (the file ends mid-way)")
                 try:
                     piece = member.decompress(data, CHUNK)
-                except zlib.error as exc:
+                except inflate.error as exc:
                     raise TraceFileError(f"corrupt gzip data ({exc})") from None
                 data = member.unconsumed_tail
                 size += len(piece)

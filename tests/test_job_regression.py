@@ -81,3 +81,38 @@ def test_cli_baseline_check_and_diff_on_jobs(tmp_path):
     data = json.loads(diffed.stdout)
     assert diffed.exit_code == 0 and [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert data["worst_rank"] in (0, 1, 2, 3)
+
+
+def _corrupt_past_its_head(tmp_path: Path) -> Path:
+    """A real trace, gzipped, with its compressed bytes broken a third of the way in: its
+    head inflates, the rest does not."""
+    raw = gzip.decompress((REPO / "fixtures" / "linear-eager.pt.trace.json.gz").read_bytes())
+    packed = bytearray(gzip.compress(raw))
+    at = len(packed) // 3
+    packed[at : at + 16] = b"\xff" * 16
+    path = tmp_path / "corrupt.pt.trace.json.gz"
+    path.write_bytes(bytes(packed))
+    return path
+
+
+def test_a_gzipped_file_is_told_from_a_job_baseline_by_its_head_alone(tmp_path, baseline):
+    from traceq.regression.jobs import is_job_baseline
+
+    # the whole file was inflated to look at its first bytes: here that raised zlib.error
+    assert not is_job_baseline(_corrupt_past_its_head(tmp_path))
+    packed = tmp_path / "job.json.gz"
+    packed.write_bytes(gzip.compress(baseline.read_bytes()))
+    assert is_job_baseline(packed) and is_job_baseline(baseline)
+    assert not is_job_baseline(REPO / "fixtures" / "linear-eager.pt.trace.json.gz")
+
+
+@pytest.mark.parametrize("command", ["diff", "check"])
+def test_diff_and_check_say_a_corrupt_gzip_in_one_line(tmp_path, baseline, command):
+    corrupt = str(_corrupt_past_its_head(tmp_path))
+    good = str(REPO / "fixtures" / "linear-eager.pt.trace.json.gz")
+    args = [corrupt, good] if command == "diff" else [corrupt, "--baseline", good]
+    result = CliRunner().invoke(main, [command, *args])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "corrupt gzip data" in lines[0], result.output

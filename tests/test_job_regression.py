@@ -116,3 +116,33 @@ def test_diff_and_check_say_a_corrupt_gzip_in_one_line(tmp_path, baseline, comma
     assert result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "corrupt gzip data" in lines[0], result.output
+
+
+@pytest.mark.parametrize("command", ["diff", "check"])
+def test_a_gzip_corrupt_in_its_head_is_one_line_too(tmp_path, command):
+    """The baseline sniffing of single traces (`is_baseline_file`) read the head through the
+    same inflater: a gzip broken in its first bytes raised zlib's error there."""
+    raw = gzip.decompress((REPO / "fixtures" / "linear-eager.pt.trace.json.gz").read_bytes())
+    packed = bytearray(gzip.compress(raw))
+    packed[30:46] = b"\xff" * 16
+    corrupt = tmp_path / "head.pt.trace.json.gz"
+    corrupt.write_bytes(bytes(packed))
+    good = str(REPO / "fixtures" / "linear-eager.pt.trace.json.gz")
+    args = [str(corrupt), good] if command == "diff" else [str(corrupt), "--baseline", good]
+    result = CliRunner().invoke(main, [command, *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "corrupt gzip data" in lines[0], result.output
+
+
+def test_a_job_baseline_cut_short_is_a_baseline_error(tmp_path, baseline):
+    """Its head still names the job key, so it is read as a baseline; gzip's EOFError for
+    the missing end escaped as a traceback."""
+    from traceq.regression.errors import BaselineError
+    from traceq.regression.jobs import is_job_baseline
+
+    path = tmp_path / "job.json.gz"
+    path.write_bytes(gzip.compress(baseline.read_bytes())[:-20])
+    assert is_job_baseline(path)
+    with pytest.raises(BaselineError, match="cannot read the job baseline"):
+        load_job_baseline(path)

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import textwrap
+import zlib
 from pathlib import Path
 from typing import IO, Any
 
@@ -145,15 +146,25 @@ def _open(path: str | os.PathLike[str]) -> IO[bytes]:
     return gzip.open(path, "rb") if compressed else open(path, "rb")
 
 
-def is_baseline_file(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` starts like a baseline (checked on its first bytes, so a 2 GB trace is
-    never read twice)."""
+def read_head(path: str | os.PathLike[str], size: int = 256) -> bytes | None:
+    """The first `size` bytes of the file, decompressed when it is gzip (only those are
+    inflated, so a 2 GB trace is never read twice); None when they cannot be read (a missing
+    file, a gzip corrupt or cut short there): then it is no baseline, and the loader says
+    what is wrong with the file."""
     try:
         with _open(path) as f:
-            head = f.read(256)
-    except (OSError, EOFError):
-        return False
-    return re.match(rb'\s*\{\s*"' + VERSION_KEY.encode() + rb'"', head) is not None
+            return f.read(size)
+    except (OSError, EOFError, zlib.error):
+        return None
+
+
+def is_baseline_file(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` starts like a baseline (checked on its first bytes)."""
+    head = read_head(path)
+    return (
+        head is not None
+        and re.match(rb'\s*\{\s*"' + VERSION_KEY.encode() + rb'"', head) is not None
+    )
 
 
 def load_baseline(path: str | os.PathLike[str]) -> Summary:
@@ -165,7 +176,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Summary:
         if len(raw) > MAX_BYTES:
             raise BaselineError(f"larger than {MAX_BYTES >> 20} MiB: not a baseline", source=name)
         text = raw.decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise BaselineError(f"cannot read baseline: {exc}", source=name) from None
     try:
         document = json.loads(text)

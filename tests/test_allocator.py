@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-OURS = "dirty_decay_ms:100,muzzy_decay_ms:0"
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+OURS = f"narenas:{CPUS},dirty_decay_ms:100,muzzy_decay_ms:0"
 SHOW = "import os; {pre}import traceq; print(os.environ.get('_RJEM_MALLOC_CONF', ''))"
 
 

@@ -698,7 +698,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="2 copies, 1 repeat: a smoke run")
     parser.add_argument("--skip-hta", action="store_true", help="measure traceq and baselines")
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per row")
-    parser.add_argument("--hta-repeats", type=int, default=1, help="repeats of HTA's big load")
+    parser.add_argument(
+        "--hta-repeats", type=int, default=3, help="repeats of HTA's big load (its median)"
+    )
     parser.add_argument("--gz", action="store_true", help="load the big trace from .json.gz")
     parser.add_argument(
         "--only",

@@ -10,9 +10,10 @@ if "polars" not in _sys.modules:
     # 2.16M-event trace, for 7% more CPU here. And it keeps 4 arenas per CPU, each with its
     # own freed pages, which a thread of another arena cannot reuse: one per CPU (one per
     # Polars thread) took the tail off the cold peak here (2 CPUs: 907-947 MiB over 22 runs
-    # against 908-986 with 8 arenas; no slower). Polars appends `_RJEM_MALLOC_CONF` to its
-    # own settings for this (pola-rs/polars#21829); Arrow returns pages early for the same
-    # reason (apache/arrow#5701). Only read when Polars loads; a value the user set is kept.
+    # against 908-958 with 8 arenas in the same batches, up to 986 that day; no slower).
+    # Polars appends `_RJEM_MALLOC_CONF` to its own settings for this (pola-rs/polars#21829);
+    # Arrow returns pages early for the same reason (apache/arrow#5701). Only read when
+    # Polars loads; a value the user set is kept.
     _affinity = getattr(_os, "sched_getaffinity", None)  # the CPUs this process may use
     _cpus = len(_affinity(0)) if _affinity else _os.cpu_count()
     _os.environ.setdefault(

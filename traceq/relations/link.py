@@ -204,9 +204,9 @@ def link_frames(events: pl.DataFrame) -> dict[str, pl.DataFrame]:
     built in a second thread while this one pairs the flows, nests the ops and links the
     runtime calls: each is a chain of Polars queries that leaves a core idle between its
     parallel parts (the instants there: the link 2.33 -> 2.17 s on 2.16M events, median of
-    5 alternated runs; the runtime calls there as well gained nothing and overlapped the
-    peak). The flows come first: pairing them by id is the largest transient of the link
-    (~100 MiB on 2.16M events), and it costs least while little else is held.
+    5 alternated runs; the runtime calls there as well: no faster). The flows come first:
+    pairing them by id is the largest transient of the link (~100 MiB on 2.16M events), and
+    it costs least while little else is held.
     """
     events = F.with_category_key(events)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="traceq-link") as pool:

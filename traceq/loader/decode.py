@@ -193,7 +193,8 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
                 f"not a trace: 'traceEvents' is {_json_type(events_json)}, not an array"
             ) from None
     frames = [
-        _parse_batch(slices[start : start + BATCH], start) for start in range(0, len(slices), BATCH)
+        _parsed(_read(slices[start : start + BATCH], start))
+        for start in range(0, len(slices), BATCH)
     ]
     events = _concat(frames)
     _require_valid(events)
@@ -208,9 +209,9 @@ def decode_stream(
     the frame built so far are held, never the whole document. `on_events` hears the count
     of events parsed after each piece.
 
-    Two cores work at once (`ahead`): a thread reads, cuts and has msgspec read the `args`
-    of the next batch (holding the GIL) while this thread has Polars parse and assemble the
-    batch before (releasing it). Polars' work stays in this thread, in order, as before:
+    Two cores work at once (`ahead`): a thread reads, cuts and does msgspec's half of the
+    next batch (`_read`, holding the GIL) while this thread does Polars' half of the batch
+    before (`_parsed`, releasing it). Polars' work stays in this thread, in order, as before:
     run in the other thread, its allocations interleaved with this one's and the peak grew
     by ~90 MB. The frames are those `decode` builds, batch for batch.
 
@@ -223,10 +224,7 @@ def decode_stream(
     batches = ahead(_read_batches(split))
     try:
         for read in batches:
-            frame = _read_fields(read.ndjson, read.batch, read.start, read.schema)
-            if read.error is not None:  # Polars' complaint first, as in `_parse_batch`
-                raise read.error
-            frame = _assemble(frame, read.float_times, read.args, read.ndjson, read.start)
+            frame = _parsed(read)
             _check_suspects(frame, read.batch, read.start)
             frames.append(frame)
             start = read.start + len(read.batch)
@@ -257,20 +255,35 @@ class _Read:
 
 
 def _read_batches(split: EventSlices) -> Iterator[_Read]:
-    """Each piece's events in batches, joined as NDJSON and read by msgspec (GIL held)."""
+    """Each piece's events in batches, read by msgspec (GIL held)."""
     start = 0
     for slices in split:
         for at in range(0, len(slices), BATCH):
             batch = slices[at : at + BATCH]
-            ndjson = b"\n".join(batch)  # compacted events hold no newline
-            try:
-                float_times, args, schema = _read_args(ndjson, batch, start)
-                error = None
-            except TraceSchemaError as exc:
-                float_times, args, schema, error = False, _NO_ARGS, EVENT_SCHEMA, exc
-            end = at + BATCH >= len(slices)
-            yield _Read(batch, start, ndjson, float_times, args, schema, error, end)
+            yield _read(batch, start, piece_end=at + BATCH >= len(slices))
             start += len(batch)
+
+
+def _read(batch: list[msgspec.Raw], start: int, piece_end: bool = True) -> _Read:
+    """msgspec's half of a batch: its events joined as NDJSON (compacted events hold no
+    newline; both parsers read this copy) and `_read_args` on them, or its error. `args`
+    is each event's own JSON text, from msgspec: Polars would re-serialize it lossily
+    (unescaped keys and backslashes, 1.0 written as 1)."""
+    ndjson = b"\n".join(batch)
+    try:
+        float_times, args, schema = _read_args(ndjson, batch, start)
+    except TraceSchemaError as exc:
+        return _Read(batch, start, ndjson, False, _NO_ARGS, EVENT_SCHEMA, exc, piece_end)
+    return _Read(batch, start, ndjson, float_times, args, schema, None, piece_end)
+
+
+def _parsed(read: _Read) -> pl.DataFrame:
+    """Polars' half of a batch: its parse, then msgspec's error if there was one (Polars'
+    complaint first: its parse is the stricter one), then the assembled frame."""
+    frame = _read_fields(read.ndjson, read.batch, read.start, read.schema)
+    if read.error is not None:
+        raise read.error
+    return _assemble(frame, read.float_times, read.args, read.ndjson, read.start)
 
 
 def json_type(value: Any) -> str:
@@ -355,21 +368,6 @@ def without_null_storage(frame: pl.DataFrame) -> pl.DataFrame:
     if not frame.height or not empty:
         return frame
     return frame.with_columns(pl.lit(None, frame.schema[name]).alias(name) for name in empty)
-
-
-def _parse_batch(batch: list[msgspec.Raw], start: int) -> pl.DataFrame:
-    """Polars parses the fields; `args` is the event's own JSON text (Polars would re-serialize
-    it lossily: unescaped keys and backslashes, 1.0 written as 1)."""
-    ndjson = b"\n".join(batch)  # compacted events hold no newline; both parsers read this copy
-    try:
-        float_times, args, schema = _read_args(ndjson, batch, start)
-        error = None
-    except TraceSchemaError as exc:
-        float_times, args, schema, error = False, _NO_ARGS, EVENT_SCHEMA, exc
-    frame = _read_fields(ndjson, batch, start, schema)
-    if error is not None:  # Polars' complaint first: its parse is the stricter one
-        raise error
-    return _assemble(frame, float_times, args, ndjson, start)
 
 
 def _read_fields(

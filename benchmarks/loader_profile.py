@@ -15,7 +15,9 @@ loudly) and prints, for one cold load of TRACE:
     python benchmarks/loader_profile.py benchmarks/.cache/big10.json
     python benchmarks/loader_profile.py benchmarks/.cache/big10.json --threads
 
-Linux only (/proc). Round ten's numbers in docs/benchmarks.md come from it.
+Linux only (/proc). Its sampling thread runs in the measured process, so its times and
+peaks sit a little above `bench.py`'s; compare runs of this script with each other.
+Round ten's numbers in docs/benchmarks.md come from it.
 """
 
 from __future__ import annotations

@@ -51,6 +51,33 @@ def test_polars_parses_the_rare_keys_only_for_a_batch_that_holds_one() -> None:
         assert parsed == schema
 
 
+@pytest.mark.parametrize(
+    ("ts", "dur", "rare", "float_times", "schema"),
+    [
+        ("1712195495519689", "3", False, False, COMMON_SCHEMA),
+        ("1712195495519689.047", "3", False, True, COMMON_SCHEMA),
+        ("1712195495519689", "0.5", False, True, COMMON_SCHEMA),
+        ("1.7e15", "3", False, True, COMMON_SCHEMA),
+        ("1712195495519689", "3", True, False, EVENT_SCHEMA),
+        ("1712195495519689.047", "3", True, True, EVENT_SCHEMA),
+        ("null", "null", False, False, COMMON_SCHEMA),
+    ],
+)
+def test_each_batch_says_whether_a_time_was_written_with_a_fraction(
+    ts: str, dur: str, rare: bool, float_times: bool, schema: dict[str, pl.DataType]
+) -> None:
+    """Integer times are read by a decoder that refuses any other number (no look at each
+    event's times), fractions and exponents by the next one: both must say the same."""
+    plain = b'{"ph":"X","ts":1,"dur":2,"args":{"x":1.5}}'
+    extra = ',"tts":3' if rare else ""
+    odd = f'{{"ph":"X","ts":{ts},"dur":{dur}{extra}}}'.encode()
+    lines = [plain, odd, plain]
+    batch = [msgspec.Raw(line) for line in lines]
+    said, args, parsed = decode_module._read_args(b"\n".join(lines), batch, 0)
+    assert (said, parsed) == (float_times, schema)
+    assert args.to_list() == ['{"x":1.5}', None, '{"x":1.5}']
+
+
 def test_fraction_times_in_one_batch_keep_their_exact_nanoseconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import importlib
 import os
 import subprocess
 import sys
@@ -97,8 +98,6 @@ class Recorder:
 
 def profile(trace: str) -> None:
     sys.path.insert(0, str(REPO))
-    import importlib
-
     import traceq  # noqa: F401  (its allocator settings, before Polars loads)
     from traceq.loader.load import read_events
     from traceq.relations import link

@@ -188,3 +188,86 @@ def test_the_largest_integers_polars_reads_load_with_their_exact_text() -> None:
     trace = traceq.load(io.BytesIO(document(text)), cache=False)
     assert trace.events["args"].to_list() == [without_whitespace(text)] * 3
     assert trace.ops.height == 3
+
+
+# List texts as `args_frame` hands them over: Polars' own rendering of a JSON list, or a
+# string value that looks like one; from a small alphabet on which Python's and Rust's
+# regexes agree (both read `\s` and `\d` as Unicode: a no-break space, an Arabic digit).
+list_texts = st.none() | st.text(alphabet="[]0123456789-, \t\u00a0\u0661x", max_size=14)
+i64 = st.integers(-(2**63), 2**63 - 1) | st.integers(2**63, 2**70)
+
+
+def in_int64(value: int) -> int | None:
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def reference_int_list(text: str | None) -> list[int | None] | None:
+    """`int_list` in plain Python: the regex's lists, each comma-separated item an integer
+    (null past int64)."""
+    if text is None or not re.fullmatch(F._INT_LIST_TEXT, text):
+        return None
+    inside = text[1:-1]
+    if not inside.strip():
+        return []
+    items = [item.strip() for item in inside.split(",")]
+    return [in_int64(int(item)) if item.lstrip("-").isascii() else None for item in items]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(list_texts | st.lists(i64, max_size=4).map(json.dumps), min_size=1))
+def test_int_list_reads_what_its_regex_lets_through(texts: list[str | None]) -> None:
+    got = pl.DataFrame({"t": texts}, schema={"t": pl.String}).select(F.int_list("t"))["t"]
+    assert got.to_list() == [reference_int_list(t) for t in texts]
+
+
+def reference_shape(text: str | None) -> list[list[int | None]] | None:
+    if text is None or not re.fullmatch(F._SHAPE_TEXT, text):
+        return None
+    return [[in_int64(item) for item in dims] for dims in json.loads(text)]
+
+
+shape_texts = st.lists(st.lists(i64, max_size=3), max_size=3).map(json.dumps)
+spaced_shapes = shape_texts.map(lambda t: t.replace(",", " , ").replace("[", "[ "))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | shape_texts | spaced_shapes | st.sampled_from(["[[[1]]]", "[1]"])))
+def test_shapes_read_each_list_of_integers_and_nothing_deeper(texts: list[str | None]) -> None:
+    got = pl.DataFrame({"t": texts}, schema={"t": pl.String}).select(F.shapes("t"))["t"]
+    assert got.to_list() == [reference_shape(t) for t in texts]
+
+
+def reference_str_list(text: str | None) -> list[str] | None:
+    if text is None or not re.fullmatch(F._STR_LIST_TEXT, text):
+        return None
+    return json.loads(text)
+
+
+str_list_texts = st.lists(st.text(max_size=5), max_size=3).map(json.dumps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | str_list_texts | st.sampled_from(['["a""b"]', '["a",]', "[1]"])))
+def test_str_list_reads_json_strings_with_or_without_escapes(texts: list[str | None]) -> None:
+    got = pl.DataFrame({"t": texts}, schema={"t": pl.String}).select(F.str_list("t"))["t"]
+    assert got.to_list() == [reference_str_list(t) for t in texts]
+
+
+@pytest.mark.parametrize(
+    ("event", "column", "frame", "expected"),
+    [
+        ({"cat": "kernel", "args": {"grid": "[007, 1, 1]"}}, "grid", "kernels", [7, 1, 1]),
+        ({"cat": "kernel", "args": {"block": "[\u00a0128]"}}, "block", "kernels", [128]),
+        ({"cat": "cpu_op", "args": {"Input Dims": "[[08, 2]]"}}, "shapes", "ops", [[8, 2]]),
+    ],
+)
+def test_list_text_that_is_not_json_is_read_not_a_crash(
+    event: dict, column: str, frame: str, expected: list
+) -> None:
+    """A list written as a string that the regexes accept but JSON does not (a leading
+    zero, a no-break space) went to `str.json_decode`, which raised Polars' ComputeError
+    out of `load`."""
+    base = {"ph": "X", "name": "k", "pid": 0, "tid": 7, "ts": 1, "dur": 1}
+    data = json.dumps({"traceEvents": [{**base, **event}]}).encode()
+    trace = traceq.load(io.BytesIO(data), cache=False)
+    assert trace.frames[frame][column].to_list() == [expected]

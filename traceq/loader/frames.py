@@ -145,24 +145,46 @@ def as_float(column: str) -> pl.Expr:
 
 
 def int_list(column: str) -> pl.Expr:
-    """'[24, 1, 1]' -> [24, 1, 1]."""
+    """'[24, 1, 1]' -> [24, 1, 1]; an item past int64 is null, other text is no list."""
     text = pl.col(column)
-    ok = text.str.contains(_INT_LIST_TEXT)
-    return pl.when(ok).then(text).str.json_decode(pl.List(pl.Int64))
+    return pl.when(text.str.contains(_INT_LIST_TEXT)).then(_integers(text))
 
 
 def shapes(column: str) -> pl.Expr:
     """'[[8, 768], [], [1]]' -> [[8, 768], [], [1]]; deeper nesting (tensor lists) -> null."""
     text = pl.col(column)
-    ok = text.str.contains(_SHAPE_TEXT)
-    return pl.when(ok).then(text).str.json_decode(pl.List(pl.List(pl.Int64)))
+    inside = text.str.slice(1, text.str.len_chars() - 2)  # within the outer brackets
+    lists = inside.str.extract_all(r"\[[^\[\]]*\]").list.eval(_integers(pl.element()))
+    return pl.when(text.str.contains(_SHAPE_TEXT)).then(lists)
+
+
+def _integers(text: pl.Expr) -> pl.Expr:
+    """The integers of a list's text that `_INT_LIST` has matched, as Int64 (null past
+    int64). Its digits are picked out and cast, not read by `str.json_decode`: that held
+    120-180 MiB to read the `grid` and `block` of 223k kernels, in the link at the load's
+    peak (and 330 MiB for the shapes of 600k ops), and raised on text the regexes let
+    through that is not JSON ('[007]', a no-break space)."""
+    return text.str.extract_all(r"-?\d+").cast(pl.List(pl.Int64), strict=False)
 
 
 def str_list(column: str) -> pl.Expr:
     """'["float", "c10::BFloat16"]' -> ["float", "c10::BFloat16"]."""
-    text = pl.col(column)
-    ok = text.str.contains(_STR_LIST_TEXT)
-    return pl.when(ok).then(text).str.json_decode(pl.List(pl.String))
+    return pl.col(column).map_batches(_to_str_list, return_dtype=pl.List(pl.String))
+
+
+def _to_str_list(values: pl.Series) -> pl.Series:
+    """`str_list` on a whole column. Without a backslash in it, no string holds an escape
+    or a quote, so each is the text between two quotes, picked out as `_integers` picks
+    digits (`str.json_decode` held 90 MiB for the types of 600k ops); with one, JSON's
+    decoder reads the escapes."""
+    text = pl.col(values.name)
+    if values.str.contains("\\", literal=True).any():
+        strings = text.str.json_decode(pl.List(pl.String))
+    else:
+        quoted = pl.element().str.slice(1, pl.element().str.len_chars() - 2)
+        strings = text.str.extract_all(r'"[^"]*"').list.eval(quoted)
+    listed = pl.when(text.str.contains(_STR_LIST_TEXT)).then(strings)
+    return values.to_frame().select(listed).to_series()
 
 
 _ROW_COLUMNS = ("event", "name", "pid", "tid", "ts_ns", "dur_ns", "args", CATEGORY_KEY)

@@ -132,24 +132,37 @@ class Stream:
     def _gunzip(self, file: BinaryIO, data: bytes) -> Iterator[bytes]:
         """Decompress gzip (multi-member too) piece by piece, refusing bombs and truncated
         streams. Input is fed 1 MiB at a time, so the ratio check sees the bytes consumed so
-        far (a bomb is stopped after RATIO_FLOOR of output, however long the file)."""
+        far (a bomb is stopped after RATIO_FLOOR of output, however long the file).
+
+        Pieces are whole `CHUNK`s, as a plain file's are: the input is topped up to
+        `IN_CHUNK` before each call, so a call fills the piece (unless the data inflates
+        less than 16x, when parts are joined). Fed only once used up, a MiB of input that
+        inflates to 19 MiB came out as 16 MiB and then 3 MiB, and the decoder paid its
+        per-piece work on 58 pieces instead of 36 (2.16M events)."""
         size = 0
         while True:  # one gzip member per turn
             member = inflate.decompressobj(wbits=31)
+            parts: list[bytes] = []
+            room = CHUNK
             while not member.eof:
-                if not data:
-                    data = self._read(file, IN_CHUNK)
+                if len(data) < IN_CHUNK:
+                    data += self._read(file, IN_CHUNK)
                     if not data:
                         raise TraceFileError("truncated gzip stream (the file ends mid-way)")
                 try:
-                    piece = member.decompress(data, CHUNK)
+                    piece = member.decompress(data, room)
                 except inflate.error as exc:
                     raise TraceFileError(f"corrupt gzip data ({exc})") from None
                 data = member.unconsumed_tail
                 size += len(piece)
                 _check_size(size, self.read - len(data) - len(member.unused_data), self.limit)
-                if piece:
-                    yield piece
+                parts.append(piece)
+                room -= len(piece)
+                if not room:
+                    yield b"".join(parts)  # one part: that same object, not a copy
+                    parts, room = [], CHUNK
+            if room < CHUNK:
+                yield b"".join(parts)
             data = member.unused_data
             while len(data := data.lstrip(b"\x00")) < 2:  # padding between or after members
                 more = self._read(file, IN_CHUNK)

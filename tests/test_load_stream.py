@@ -194,7 +194,7 @@ def test_gzip_comes_in_the_plain_files_pieces(
     monkeypatch: pytest.MonkeyPatch, in_chunk: int
 ) -> None:
     # Each call's output was yielded as it came: input that inflates to more than a piece
-    # came out as one whole piece and a small rest, over and over (58 pieces instead of 36
+    # came out as one whole piece and a small rest, over and over (58 pieces instead of 37
     # for 2.16M events, and that many more batches to decode), and input that inflates to
     # less came out in pieces of that size; where the batches fall moves the load's peak
     monkeypatch.setattr(source, "CHUNK", 64 << 10)

@@ -139,7 +139,7 @@ class Stream:
         so a call fills the piece (unless the data inflates less than 16x, when parts are
         joined). Fed only once used up, a MiB of input that inflates to 19 MiB came out as
         16 MiB and then 3 MiB, and the decoder paid its per-piece work on 58 pieces
-        instead of 36 (2.16M events). The same pieces make the same batches, and where
+        instead of 37 (2.16M events). The same pieces make the same batches, and where
         batches fall moves the load's peak: 2.16M events from `.json.gz` in 16 MiB pieces
         from the start peaked at 942-948 MiB, as `.json` read that way does (977-993),
         against 889-892 from `.json`."""

@@ -147,15 +147,15 @@ def as_float(column: str) -> pl.Expr:
 def int_list(column: str) -> pl.Expr:
     """'[24, 1, 1]' -> [24, 1, 1]; an item past int64 is null, other text is no list."""
     text = pl.col(column)
-    return pl.when(text.str.contains(_INT_LIST_TEXT)).then(_integers(text))
+    return _integers(pl.when(text.str.contains(_INT_LIST_TEXT)).then(text))
 
 
 def shapes(column: str) -> pl.Expr:
     """'[[8, 768], [], [1]]' -> [[8, 768], [], [1]]; deeper nesting (tensor lists) -> null."""
     text = pl.col(column)
-    inside = text.str.slice(1, text.str.len_chars() - 2)  # within the outer brackets
-    lists = inside.str.extract_all(r"\[[^\[\]]*\]").list.eval(_integers(pl.element()))
-    return pl.when(text.str.contains(_SHAPE_TEXT)).then(lists)
+    shape = pl.when(text.str.contains(_SHAPE_TEXT)).then(text)
+    inside = shape.str.slice(1, shape.str.len_chars() - 2)  # within the outer brackets
+    return inside.str.extract_all(r"\[[^\[\]]*\]").list.eval(_integers(pl.element()))
 
 
 def _integers(text: pl.Expr) -> pl.Expr:
@@ -178,13 +178,13 @@ def _to_str_list(values: pl.Series) -> pl.Series:
     digits (`str.json_decode` held 90 MiB for the types of 600k ops); with one, JSON's
     decoder reads the escapes."""
     text = pl.col(values.name)
+    listed = pl.when(text.str.contains(_STR_LIST_TEXT)).then(text)
     if values.str.contains("\\", literal=True).any():
-        strings = text.str.json_decode(pl.List(pl.String))
+        strings = listed.str.json_decode(pl.List(pl.String))
     else:
         quoted = pl.element().str.slice(1, pl.element().str.len_chars() - 2)
-        strings = text.str.extract_all(r'"[^"]*"').list.eval(quoted)
-    listed = pl.when(text.str.contains(_STR_LIST_TEXT)).then(strings)
-    return values.to_frame().select(listed).to_series()
+        strings = listed.str.extract_all(r'"[^"]*"').list.eval(quoted)
+    return values.to_frame().select(strings).to_series()
 
 
 _ROW_COLUMNS = ("event", "name", "pid", "tid", "ts_ns", "dur_ns", "args", CATEGORY_KEY)

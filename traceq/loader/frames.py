@@ -146,16 +146,20 @@ def as_float(column: str) -> pl.Expr:
 
 def int_list(column: str) -> pl.Expr:
     """'[24, 1, 1]' -> [24, 1, 1]; an item past int64 is null, other text is no list."""
-    text = pl.col(column)
-    return _integers(pl.when(text.str.contains(_INT_LIST_TEXT)).then(text))
+    return _integers(_matching(pl.col(column), _INT_LIST_TEXT))
 
 
 def shapes(column: str) -> pl.Expr:
     """'[[8, 768], [], [1]]' -> [[8, 768], [], [1]]; deeper nesting (tensor lists) -> null."""
-    text = pl.col(column)
-    shape = pl.when(text.str.contains(_SHAPE_TEXT)).then(text)
+    shape = _matching(pl.col(column), _SHAPE_TEXT)
     inside = shape.str.slice(1, shape.str.len_chars() - 2)  # within the outer brackets
     return inside.str.extract_all(r"\[[^\[\]]*\]").list.eval(_integers(pl.element()))
+
+
+def _matching(text: pl.Expr, pattern: str) -> pl.Expr:
+    """`text` where it matches `pattern`, else null: the list readings read only the rows
+    their regex accepts, so no reader sees text it was not meant for."""
+    return pl.when(text.str.contains(pattern)).then(text)
 
 
 def _integers(text: pl.Expr) -> pl.Expr:
@@ -177,8 +181,7 @@ def _to_str_list(values: pl.Series) -> pl.Series:
     or a quote, so each is the text between two quotes, picked out as `_integers` picks
     digits (`str.json_decode` held 90 MiB for the types of 600k ops); with one, JSON's
     decoder reads the escapes."""
-    text = pl.col(values.name)
-    listed = pl.when(text.str.contains(_STR_LIST_TEXT)).then(text)
+    listed = _matching(pl.col(values.name), _STR_LIST_TEXT)
     if values.str.contains("\\", literal=True).any():
         strings = listed.str.json_decode(pl.List(pl.String))
     else:

@@ -654,9 +654,14 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def references(rows: list[Measurement]) -> dict[str, Measurement]:
+    """Each group's HTA row, the reference of the ratios."""
+    return {r.group: r for r in rows if r.tool == "HTA" and r.status() == "ok"}
+
+
 def render_table(rows: list[Measurement]) -> str:
     """Markdown: medians of wall and CPU seconds, the largest peak RSS, ratios to HTA's row."""
-    reference = {r.group: r for r in rows if r.tool == "HTA" and r.status() == "ok"}
+    reference = references(rows)
     lines = [
         "| tool | task | trace | seconds | CPU s | peak MB | MB/s | × HTA speed | time ÷ HTA "
         "| CPU ÷ HTA | peak ÷ HTA | runs |",
@@ -682,6 +687,18 @@ def render_table(rows: list[Measurement]) -> str:
             f"| {row.tool} | {row.task} | {row.trace} | {cells} | {rate} | {speedup} "
             f"| {time_ratio} | {cpu_ratio} | {mem_ratio} | {len(row.ok_runs())} |"
         )
+    paired = [
+        f"{row.tool} {row.task}, {row.trace}: "
+        + ", ".join(f"{x:.1f}" for x in paired_speedups(row, reference[row.group]))
+        for row in rows
+        if row.group in reference and row is not reference[row.group]
+        if paired_speedups(row, reference[row.group])
+    ]
+    if paired:
+        lines.append(
+            "\n× HTA speed round by round (HTA's run over the row's run of the same round):\n"
+            + "\n".join(f"- {line}" for line in paired)
+        )
     loads = [r["loadavg_1m"] for row in rows for r in row.runs if "loadavg_1m" in r]
     if loads:
         lines.append(
@@ -690,6 +707,38 @@ def render_table(rows: list[Measurement]) -> str:
             " (far above the CPU count means wall times are inflated; CPU s much less so)."
         )
     return "\n".join(lines)
+
+
+def measure(rows: list[Measurement]) -> None:
+    """Run the rows in rounds, each round every row once, so that a row and its HTA
+    reference are measured minutes apart at most, not a whole table apart: this machine's
+    speed drifts by up to a third over the day, and when traceq's rows ran first and HTA's
+    last, the drift between them moved the ratio (6.6-8.0x for the same code in six runs)."""
+    for i in range(max((row.repeats for row in rows), default=0)):
+        for row in rows:
+            if i >= row.repeats or (row.runs and row.runs[-1].get("status") != "ok"):
+                continue  # an unavailable or failed tool will not improve on a retry
+            result = run_child(row.python, row.child_task, row.path)
+            result["round"] = i + 1
+            row.runs.append(result)
+            print(
+                f"[{row.tool} | {row.task} | {row.trace}] run {i + 1}/{row.repeats}: "
+                f"{result.get('status')} {fmt(result.get('seconds'))} s "
+                f"({fmt(result.get('cpu_seconds'))} CPU s, load {result['loadavg_1m']:.1f}), "
+                f"{fmt(result.get('peak_mb'), 0)} MB {result.get('reason', '')}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def paired_speedups(row: Measurement, reference: Measurement) -> list[float]:
+    """HTA's time over the row's, round by round: each pair ran minutes apart."""
+    hta = {r["round"]: r["seconds"] for r in reference.ok_runs() if "round" in r}
+    return [
+        round(hta[r["round"]] / r["seconds"], 2)
+        for r in row.ok_runs()
+        if r.get("round") in hta and r["seconds"]
+    ]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -744,22 +793,10 @@ def main(argv: list[str] | None = None) -> None:
             if any(t.lower() in f"{r.tool} {r.task} {r.trace}".lower() for t in args.only)
         ]
     warm_page_cache(big, big_gz, args.source)
-    for row in rows:
-        for i in range(row.repeats):
-            result = run_child(row.python, row.child_task, row.path)
-            row.runs.append(result)
-            print(
-                f"[{row.tool} | {row.task} | {row.trace}] run {i + 1}/{row.repeats}: "
-                f"{result.get('status')} {fmt(result.get('seconds'))} s "
-                f"({fmt(result.get('cpu_seconds'))} CPU s, load {result['loadavg_1m']:.1f}), "
-                f"{fmt(result.get('peak_mb'), 0)} MB {result.get('reason', '')}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if result.get("status") != "ok":
-                break  # an unavailable or failed tool will not improve on a retry
+    measure(rows)
     table = render_table(rows)
     print(table)
+    reference = references(rows)
     if args.json:
         payload = {
             "machine": facts,
@@ -780,6 +817,9 @@ def main(argv: list[str] | None = None) -> None:
                     "seconds_median": r.seconds(),
                     "cpu_seconds_median": r.seconds("cpu_seconds"),
                     "peak_mb_max": r.peak_mb(),
+                    "paired_speedups": paired_speedups(r, reference[r.group])
+                    if r.group in reference and r is not reference[r.group]
+                    else None,
                     "json_bytes": r.json_bytes,
                     "runs": r.runs,
                 }

@@ -86,8 +86,10 @@ def _trace(n: int) -> bytes:
 def test_msgspec_reads_args_in_another_thread_and_frames_are_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The point of the two threads: `args` are read off the caller's thread, while the
+    """The point of the two threads on the Python path (without the C pass, which reads
+    the batch in the caller's thread): `args` are read off the caller's thread, while the
     frame is the one the one-thread `decode` builds (batches of 7 events: many batches)."""
+    monkeypatch.setenv("TRACEQ_NATIVE", "0")
     data = _trace(100)
     expected = decode(data).events
     monkeypatch.setattr(decode_module, "BATCH", 7)

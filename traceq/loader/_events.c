@@ -57,7 +57,8 @@ static const char *COLUMN_NAMES[NCOLS] = {"ph", "cat", "name", "pid", "tid", "ts
 
 typedef struct {
     uint8_t *valid;   /* validity bitmap, one bit a row */
-    int64_t *offsets; /* text: n + 1 offsets into data */
+    int64_t *offsets; /* text: n + 1 offsets into data, while parsing */
+    uint8_t *views;   /* text: Arrow's 16-byte views, made from the offsets */
     char *data;       /* text bytes */
     int64_t size, cap;
     double *values; /* ts, dur */
@@ -70,12 +71,20 @@ typedef struct {
     int float_times; /* a time written with a fraction */
 } Batch;
 
-static int64_t live_arrays; /* exported and not yet released: `live()`, for the tests */
+/* Arrays exported and not yet released (`live()`, for the tests). Polars may release an
+ * array from one of its own threads, without the GIL: the count is atomic where it can be. */
+static int64_t live_arrays;
+#if defined(__GNUC__) || defined(__clang__)
+#define COUNT_LIVE(delta) __atomic_add_fetch(&live_arrays, (delta), __ATOMIC_RELAXED)
+#else
+#define COUNT_LIVE(delta) (live_arrays += (delta))
+#endif
 
 static void batch_free(Batch *b) {
     for (int c = 0; c < NCOLS; c++) {
         free(b->col[c].valid);
         free(b->col[c].offsets);
+        free(b->col[c].views);
         free(b->col[c].data);
         free(b->col[c].values);
     }
@@ -174,9 +183,10 @@ static const char *plain_number(const char *p, const char *end, int *fraction) {
     return digits && *fraction != 0 ? p : NULL; /* "1." is not JSON */
 }
 
-/* The double nearest a plain number's decimal value, as strtod gives it: exactly by
- * integer arithmetic: an integer converts correctly rounded, and a fraction's digits, while
- * they fit in 2**53, are divided (correctly rounded) by a power of ten; strtod past that. */
+/* The double nearest a plain number's decimal value (at most 18 digits and 3 decimals),
+ * as strtod gives it, by integer arithmetic where that is exact: an integer converts
+ * correctly rounded, and a fraction's digits, while they fit in 2**53, are divided by a
+ * power of ten, one correctly rounded operation. strtod past that. */
 static double to_double(const char *start, const char *end, int fraction) {
     static const double TENS[] = {1.0, 10.0, 100.0, 1000.0};
     const char *p = start + (*start == '-');
@@ -188,8 +198,7 @@ static double to_double(const char *start, const char *end, int fraction) {
         double value = (double)digits / TENS[fraction > 0 ? fraction : 0];
         return *start == '-' ? -value : value;
     }
-    char text[64];
-    if (end - start >= (Py_ssize_t)sizeof(text)) return strtod(start, NULL); /* unreachable */
+    char text[32]; /* a plain number here: a sign, 18 digits, a point and 3 decimals */
     memcpy(text, start, (size_t)(end - start));
     text[end - start] = 0;
     return strtod(text, NULL);
@@ -349,7 +358,7 @@ static void release_array(struct ArrowArray *array) {
     Owned *own = array->private_data;
     for (int i = 0; i < 4; i++) free(own->owned[i]);
     free(own);
-    live_arrays--;
+    COUNT_LIVE(-1);
     array->release = NULL;
 }
 
@@ -386,7 +395,8 @@ static int to_views(Column *col, int64_t n) {
         }
     }
     free(col->offsets);
-    col->offsets = (int64_t *)views;
+    col->offsets = NULL;
+    col->views = views;
     char *data = realloc(col->data, (size_t)(col->size > 0 ? col->size : 1));
     if (data) col->data = data;
     return 0;
@@ -412,16 +422,16 @@ static PyObject *export_column(Column *col, int c, int64_t n) {
         own->buffers[1] = col->values;
     } else {
         *sizes = col->size;
-        own->owned[1] = col->offsets; /* the views, by now */
+        own->owned[1] = col->views;
         own->owned[2] = col->data;
         own->owned[3] = sizes;
-        own->buffers[1] = col->offsets;
+        own->buffers[1] = col->views;
         own->buffers[2] = col->data;
         own->buffers[3] = sizes;
     }
     col->valid = NULL;
     col->values = NULL;
-    col->offsets = NULL;
+    col->views = NULL;
     col->data = NULL;
     *schema = (struct ArrowSchema){
         .format = IS_FLOAT(c) ? "g" : "vu",
@@ -437,7 +447,7 @@ static PyObject *export_column(Column *col, int c, int64_t n) {
         .release = release_array,
         .private_data = own,
     };
-    live_arrays++;
+    COUNT_LIVE(1);
     PyObject *s = PyCapsule_New(schema, "arrow_schema", capsule_schema_free);
     PyObject *a = PyCapsule_New(array, "arrow_array", capsule_array_free);
     if (!s || !a) {
@@ -512,7 +522,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
 static PyObject *live(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
-    return PyLong_FromLongLong(live_arrays);
+    return PyLong_FromLongLong(COUNT_LIVE(0));
 }
 
 static PyMethodDef METHODS[] = {

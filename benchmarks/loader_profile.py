@@ -5,8 +5,9 @@ their names in `traceq.loader` and `traceq.relations.link`, so a renamed stage f
 loudly) and prints, for one cold load of TRACE:
 
 - each decode stage's wall time and the CPU time of the thread that ran it (the reading
-  thread's msgspec half, the caller's Polars half; Polars' own pool is not in a thread's
-  CPU, so a Polars stage shows much more wall than CPU);
+  thread's msgspec half, the caller's C pass or Polars half; Polars' own pool is not in a
+  thread's CPU, so a Polars stage shows much more wall than CPU; run with TRACEQ_NATIVE=0
+  to see the Python path's stages);
 - each link step's start, end and thread, and the highest RSS sampled (every 3 ms) while
   it ran: the load's peak falls in the link, where the steps of two threads overlap;
 - with `--threads`, how many of the process's threads were runnable, every quarter second
@@ -39,7 +40,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 DECODE_STAGES = {
     "traceq.loader.split": ("compact", "_cut"),
-    "traceq.loader.decode": ("_read_args", "_args_column", "_parsed", "_concat", "_require_valid"),
+    "traceq.loader.decode": (
+        "_read_args",
+        "_args_column",
+        "_native_frame",
+        "_parsed",
+        "_concat",
+        "_require_valid",
+    ),
 }
 LINK_STEPS = {
     "traceq.loader.frames": (

@@ -2,8 +2,8 @@
 
 The loader's two halves hold the GIL differently: msgspec (cutting the stream, and
 reading `args` where the C pass is not built) holds it, the C pass and Polars' parse
-release it. Each half alone keeps one core busy, so the
-msgspec half runs here, a batch ahead, while the caller's thread parses the batch before.
+release it. Each half alone keeps one core busy, so the msgspec half runs here, a batch
+ahead, while the caller's thread parses the batch before.
 At most `depth` items are made or being made ahead of the one the caller works on, so
 memory grows by that many batches at most.
 """

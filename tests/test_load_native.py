@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import polars as pl
 import pytest
+from conftest import REPO_ROOT as ROOT
 from conftest import SHARED_TRACES, fixture_trace_paths, gpu_fixture_paths, is_kineto
 from conftest import shared_trace_paths as all_shared_trace_paths
 from hypothesis import HealthCheck, event, given, settings
@@ -45,9 +46,13 @@ def read(src: bytes | Path, use_native: bool, monkeypatch: pytest.MonkeyPatch) -
     """The decoded trace (or the error's line) as `load` reads it, one way or the other."""
     monkeypatch.setenv("TRACEQ_NATIVE", "1" if use_native else "0")
     try:
-        return read_events(io.BytesIO(src) if isinstance(src, bytes) else src, None, print)
+        return read_events(io.BytesIO(src) if isinstance(src, bytes) else src, None, _quiet)
     except TraceError as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+def _quiet(progress: object) -> None:
+    """No progress display in the tests."""
 
 
 def assert_same(src: bytes | Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -74,7 +79,7 @@ def _trace_params() -> list[Any]:
     return [
         pytest.param(
             path,
-            id=path.name,
+            id=str(path.relative_to(SHARED_TRACES if path.is_relative_to(SHARED_TRACES) else ROOT)),
             marks=[pytest.mark.shared] if path.is_relative_to(SHARED_TRACES) else [],
         )
         for path in [*fixture_trace_paths(), *gpu_fixture_paths(), *shared]

@@ -688,11 +688,9 @@ def render_table(rows: list[Measurement]) -> str:
             f"| {time_ratio} | {cpu_ratio} | {mem_ratio} | {len(row.ok_runs())} |"
         )
     paired = [
-        f"{row.tool} {row.task}, {row.trace}: "
-        + ", ".join(f"{x:.1f}" for x in paired_speedups(row, reference[row.group]))
+        f"{row.tool} {row.task}, {row.trace}: " + ", ".join(f"{x:.1f}" for x in speedups)
         for row in rows
-        if row.group in reference and row is not reference[row.group]
-        if paired_speedups(row, reference[row.group])
+        if (speedups := paired_speedups(row, reference))
     ]
     if paired:
         lines.append(
@@ -731,8 +729,12 @@ def measure(rows: list[Measurement]) -> None:
             )
 
 
-def paired_speedups(row: Measurement, reference: Measurement) -> list[float]:
-    """HTA's time over the row's, round by round: each pair ran minutes apart."""
+def paired_speedups(row: Measurement, references: dict[str, Measurement]) -> list[float] | None:
+    """HTA's time over the row's, round by round (each pair ran minutes apart); None for a
+    row without an HTA reference, or for the reference itself."""
+    reference = references.get(row.group)
+    if reference is None or row is reference:
+        return None
     hta = {r["round"]: r["seconds"] for r in reference.ok_runs() if "round" in r}
     return [
         round(hta[r["round"]] / r["seconds"], 2)
@@ -817,9 +819,7 @@ def main(argv: list[str] | None = None) -> None:
                     "seconds_median": r.seconds(),
                     "cpu_seconds_median": r.seconds("cpu_seconds"),
                     "peak_mb_max": r.peak_mb(),
-                    "paired_speedups": paired_speedups(r, reference[r.group])
-                    if r.group in reference and r is not reference[r.group]
-                    else None,
+                    "paired_speedups": paired_speedups(r, reference),
                     "json_bytes": r.json_bytes,
                     "runs": r.runs,
                 }

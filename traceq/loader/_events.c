@@ -451,7 +451,10 @@ static PyObject *export_column(Column *col, int c, int64_t n) {
     PyObject *s = PyCapsule_New(schema, "arrow_schema", capsule_schema_free);
     PyObject *a = PyCapsule_New(array, "arrow_array", capsule_array_free);
     if (!s || !a) {
-        Py_XDECREF(s);
+        if (s)
+            Py_DECREF(s);
+        else
+            free(schema); /* no capsule owns it */
         if (!a) {
             array->release(array);
             free(array);

@@ -220,8 +220,9 @@ def decode(buf: bytes | bytearray | memoryview) -> Decoded:
             raise TraceSchemaError(
                 f"not a trace: 'traceEvents' is {_json_type(events_json)}, not an array"
             ) from None
+    native = _native()
     frames = [
-        _parsed(_read(slices[start : start + BATCH], start))
+        _parsed(_read(slices[start : start + BATCH], start, native))
         for start in range(0, len(slices), BATCH)
     ]
     events = _concat(frames)
@@ -252,7 +253,7 @@ def decode_stream(
     split = EventSlices(pieces)
     frames: list[pl.DataFrame] = []
     start, reported = 0, None
-    batches = ahead(_read_batches(split))
+    batches = ahead(_read_batches(split, _native()))
     try:
         for read in batches:
             frame = _parsed(read)
@@ -286,29 +287,35 @@ class _Read:
     native: bool = False  # both halves wait for `_parsed`'s one C pass (`_events`)
 
 
-def _read_batches(split: EventSlices) -> Iterator[_Read]:
+def _native() -> bool:
+    """Whether the C pass reads the batches: built, and not turned off (`TRACEQ_NATIVE=0`)."""
+    return _events is not None and os.environ.get("TRACEQ_NATIVE") != "0"
+
+
+def _read_batches(split: EventSlices, native: bool) -> Iterator[_Read]:
     """Each piece's events in batches, read by msgspec (GIL held)."""
     start = 0
     for slices in split:
         for at in range(0, len(slices), BATCH):
             batch = slices[at : at + BATCH]
-            yield _read(batch, start, piece_end=at + BATCH >= len(slices))
+            yield _read(batch, start, native, piece_end=at + BATCH >= len(slices))
             start += len(batch)
 
 
-def _read(
-    batch: list[msgspec.Raw], start: int, piece_end: bool = True, native: bool | None = None
-) -> _Read:
-    """msgspec's half of a batch: its events joined as NDJSON (compacted events hold no
-    newline; both parsers read this copy) and `_read_args` on them, or its error. `args`
-    is each event's own JSON text, from msgspec: Polars would re-serialize it lossily
-    (unescaped keys and backslashes, 1.0 written as 1). Where the C pass is built (and
-    `TRACEQ_NATIVE` is not 0), only the join is done here: `_parsed` reads the batch."""
+def _read(batch: list[msgspec.Raw], start: int, native: bool, piece_end: bool = True) -> _Read:
+    """A batch's events joined as NDJSON (compacted events hold no newline; every parser
+    reads this copy), then msgspec's half of it unless the C pass (`native`) is to read
+    it in `_parsed`."""
     ndjson = b"\n".join(batch)
-    if native is None:
-        native = _events is not None and os.environ.get("TRACEQ_NATIVE") != "0"
     if native:
         return _Read(batch, start, ndjson, False, _NO_ARGS, COMMON_SCHEMA, None, piece_end, True)
+    return _msgspec_half(batch, start, ndjson, piece_end)
+
+
+def _msgspec_half(batch: list[msgspec.Raw], start: int, ndjson: bytes, piece_end: bool) -> _Read:
+    """`_read_args` on a joined batch, or its error. `args` is each event's own JSON text,
+    from msgspec: Polars would re-serialize it lossily (unescaped keys and backslashes, 1.0
+    written as 1)."""
     try:
         float_times, args, schema = _read_args(ndjson, batch, start)
     except TraceSchemaError as exc:
@@ -324,7 +331,7 @@ def _parsed(read: _Read) -> pl.DataFrame:
         frame = _native_frame(read)
         if frame is not None:
             return frame
-        read = _read(read.batch, read.start, read.piece_end, native=False)
+        read = _msgspec_half(read.batch, read.start, read.ndjson, read.piece_end)
     frame = _read_fields(read.ndjson, read.batch, read.start, read.schema)
     if read.error is not None:
         raise read.error
@@ -350,10 +357,7 @@ def _native_frame(read: _Read) -> pl.DataFrame | None:
         return None
     columns, float_times = parsed
     frame = pl.DataFrame([pl.Series(_Capsules(*column)) for column in columns])
-    fields = frame.select(
-        pl.col(key) if key in COMMON_SCHEMA else pl.lit(None, dtype).alias(key)
-        for key, dtype in EVENT_SCHEMA.items()
-    )
+    fields = _every_key(frame, COMMON_SCHEMA)
     return _assemble(fields, float_times, frame["args"], read.ndjson, read.start)
 
 
@@ -451,8 +455,12 @@ def _read_fields(
         frame = pl.read_ndjson(io.BytesIO(ndjson), schema=schema).rechunk()
     except pl.exceptions.PolarsError as exc:
         raise _explain(batch, start, exc) from None
-    if len(schema) == len(EVENT_SCHEMA):
-        return frame
+    return frame if len(schema) == len(EVENT_SCHEMA) else _every_key(frame, schema)
+
+
+def _every_key(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """`frame`'s columns of `schema`'s keys, and the other keys of `EVENT_SCHEMA` as nulls,
+    in `EVENT_SCHEMA`'s order."""
     return frame.select(
         pl.col(key) if key in schema else pl.lit(None, dtype).alias(key)
         for key, dtype in EVENT_SCHEMA.items()

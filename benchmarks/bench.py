@@ -768,10 +768,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--hta-python", help="interpreter with HTA installed")
-    parser.add_argument("--json", type=Path, help="write all runs and machine facts here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="write all runs and machine facts here (default for a full run: the committed "
+        "latest result, benchmarks/results/bench.json; git keeps the earlier ones)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.copies, args.repeats, args.hta_repeats = 2, 1, 1
+    elif args.json is None:
+        args.json = Path(__file__).parent / "results" / "bench.json"
     if not args.source.exists():
         parser.error(f"--source {args.source} does not exist")
     return args

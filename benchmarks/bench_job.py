@@ -150,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skew-us", type=float, default=37.0)
     parser.add_argument("--skip-hta", action="store_true")
     parser.add_argument("--hta-python", default=HTA_PYTHON)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path(__file__).parent / "results" / "bench_job.json",
+        help="where the result goes (default: the committed latest, results/bench_job.json)",
+    )
     args = parser.parse_args(argv)
     if not args.source.exists():
         print(f"bench_job: error: {args.source} is not here (../shared/traces)", file=sys.stderr)

@@ -10,8 +10,8 @@ For each `<name>.pt.trace.json.gz` + `<name>.et.json.gz` pair of the corpus
   ops the ET pairs with (the others have no ground truth). An edge is a (producer,
   consumer) pair: precision = inferred edges that are exact / inferred edges, recall =
   exact edges inferred / exact edges.
-- **findings**: the fusion rules (TQ101-TQ105) run once on inferred and once on exact data
-  flow (edges into ET-paired ops replaced by tensor-id ones, `dataflow(...,
+- **findings**: the fusion rules (TQ101-TQ110) run once on inferred and once
+  on exact data flow (edges into ET-paired ops replaced by tensor-id ones, `dataflow(...,
   execution_trace=...)`). A finding is its rule and its set of ops; precision = inferred
   findings the exact run also makes / inferred findings, recall = exact findings the
   inferred run also makes / exact findings.
@@ -32,11 +32,13 @@ import polars as pl
 
 import traceq
 from traceq.relations.dataflow import dataflow
-from traceq.relations.execution_trace import ground_truth, load_execution_trace
+from traceq.relations.dataflow.execution_trace import ground_truth, load_execution_trace
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 
-FUSION_RULES = ("TQ101", "TQ102", "TQ103", "TQ104", "TQ105")
+FUSION_RULES = (
+    "TQ101", "TQ102", "TQ103", "TQ104", "TQ105", "TQ106", "TQ107", "TQ108", "TQ109", "TQ110"
+)  # fmt: skip
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
 
 
@@ -108,7 +110,7 @@ def exact_findings(kineto: Path, et: pl.DataFrame) -> set[tuple[str, frozenset[i
 
 
 def score(name: str, kineto: Path, et_path: Path) -> tuple[Score, dict]:
-    trace = traceq.load(kineto)
+    trace = traceq.load(kineto, execution_trace=False)  # inferred: what is measured
     et = load_execution_trace(et_path)
     inferred, exact = edge_sets(trace, et)
     got, truth = findings(trace), exact_findings(kineto, et)

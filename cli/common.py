@@ -7,6 +7,7 @@ import errno
 import functools
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -26,20 +27,91 @@ if TYPE_CHECKING:
 
 FORMATS = ("text", "json")
 NO_CACHE = "traceq.no_cache"  # the click context's `meta` key `--no-cache` sets
+CAPTURE = "traceq.capture"  # the click context's `meta` key `--capture` sets
+EXECUTION_TRACE = "traceq.execution_trace"  # the `meta` key `--et` / `--no-et` set
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def trace_argument(command: F) -> F:
     """The TRACE argument (any path: a directory or a missing file is the library's to report
-    in one line, exit 2, where click would print a usage block), and `--no-cache`."""
-    return _no_cache_option(click.argument("trace", type=click.Path())(command))
+    in one line, exit 2, where click would print a usage block), `--no-cache`, `--capture`,
+    `--et` and `--no-et`."""
+    return _et_options(
+        _capture_option(_no_cache_option(click.argument("trace", type=click.Path())(command)))
+    )
 
 
 def traces_argument(command: F) -> F:
     """TRACE as a trace or a job (a directory, a glob pattern, or several files, one per
-    rank), and `--no-cache`."""
+    rank), `--no-cache`, `--capture`, `--et` and `--no-et`."""
     argument = click.argument("trace", nargs=-1, required=True, type=click.Path(), metavar="TRACE")
-    return _no_cache_option(argument(command))
+    return _et_options(_capture_option(_no_cache_option(argument(command))))
+
+
+def _et_options(command: F) -> F:
+    """`--et PATH` and `--no-et`: the Execution Trace exact data flow comes from, noted on
+    the click context, where `execution_trace_choice` reads it for the trace's load."""
+    command = click.option(
+        "--no-et",
+        is_flag=True,
+        expose_value=False,
+        callback=_no_et,
+        help="Infer data flow from shapes and order, even with an Execution Trace beside TRACE.",
+    )(command)
+    return click.option(
+        "--et",
+        type=click.Path(exists=True, dir_okay=False),
+        expose_value=False,
+        callback=_et,
+        help="Execution Trace recorded with TRACE, for exact data flow; by default "
+        "<stem>.et.json.gz beside TRACE.",
+    )(command)
+
+
+def _et(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        if ctx.meta.get(EXECUTION_TRACE) is False:
+            raise click.UsageError("choose one of --et and --no-et")
+        ctx.meta[EXECUTION_TRACE] = value
+
+
+def _no_et(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        if isinstance(ctx.meta.get(EXECUTION_TRACE), str):
+            raise click.UsageError("choose one of --et and --no-et")
+        ctx.meta[EXECUTION_TRACE] = False
+
+
+def execution_trace_choice() -> str | bool | None:
+    """The `execution_trace` to pass to `traceq.load`: `--et`'s path, False under `--no-et`,
+    else None (the Execution Trace beside the trace, if any)."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(EXECUTION_TRACE)
+
+
+def _capture_option(command: F) -> F:
+    """`--capture PATH`: the capture trace of the CUDA/HIP graphs a trace replays, noted on
+    the click context, where `capture_choice` reads it for every load the command makes."""
+    return click.option(
+        "--capture",
+        type=click.Path(exists=True),
+        expose_value=False,
+        callback=_capture,
+        help="Capture trace (or capture_traces/ folder) of the CUDA/HIP graphs TRACE "
+        "replays; by default capture_traces/ beside TRACE.",
+    )(command)
+
+
+def _capture(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[CAPTURE] = value
+
+
+def capture_choice() -> str | None:
+    """The `capture` to pass to `traceq.load`: `--capture`'s path, else None (the
+    `capture_traces/` folder beside the trace, if any)."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(CAPTURE)
 
 
 def _no_cache_option(command: F) -> F:
@@ -250,8 +322,34 @@ def region_of(
 
 
 def split_codes(values: tuple[str, ...]) -> list[str]:
-    """`--select TQ1,TQ201 --select TQ3` -> ['TQ1', 'TQ201', 'TQ3']."""
-    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+    """`--select TQ1,TQ201 --select unfused-glu` -> ['TQ1', 'TQ201', 'TQ103']: codes, code
+    prefixes, `ALL` and rule names (as `explain` takes them), each resolved through the
+    catalogue; an unknown one is an error that names the closest rules."""
+    refs = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    if not refs:
+        return []
+    from traceq.rules.engine import discover
+
+    rules = discover().rules
+    return [_rule_ref(ref, rules) for ref in refs]
+
+
+def _rule_ref(ref: str, rules: Sequence[Any]) -> str:
+    """One `--select`/`--ignore` entry as a code or prefix the configuration takes."""
+    import difflib
+
+    from traceq.rules.config import ConfigError
+
+    if ref.upper() == "ALL" or any(r.code.startswith(ref.upper()) for r in rules):
+        return ref.upper()
+    named = next((r for r in rules if r.name == ref.lower()), None)
+    if named is not None:
+        return named.code
+    known = [r.name for r in rules] + [r.code for r in rules]
+    close = difflib.get_close_matches(ref, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see 'traceq rules'"
+    what = "rule code or prefix" if re.fullmatch(r"(?i)TQ\d*", ref) else "rule"
+    raise ConfigError(f"unknown {what} {ref!r}; {hint}")
 
 
 @contextlib.contextmanager
@@ -262,7 +360,9 @@ def progress(message: str, *, delay: float = 1.0) -> Iterator[None]:
         return
     from rich.console import Console
 
-    status = Console(stderr=True).status(message)
+    from traceq.reports.safe_text import LINE_CHARS, terminal
+
+    status = Console(stderr=True).status(terminal(message, LINE_CHARS))  # paths as text
     timer = threading.Timer(delay, status.start)
     timer.start()
     try:
@@ -275,10 +375,15 @@ def progress(message: str, *, delay: float = 1.0) -> Iterator[None]:
 def load(path: str) -> Trace:
     """Load a trace, with a progress bar on stderr when it is a terminal (not in pipes, CI)."""
     console = _terminal()
+    settings = {
+        "cache": cache_choice(),
+        "capture": capture_choice(),
+        "execution_trace": execution_trace_choice(),
+    }
     if console is None:
-        return traceq.load(path, cache=cache_choice())
+        return traceq.load(path, **settings)
     with LoadBar(path, console) as bar:
-        return traceq.load(path, cache=cache_choice(), progress=bar.update)
+        return traceq.load(path, progress=bar.update, **settings)
 
 
 def _terminal() -> Any:
@@ -303,9 +408,11 @@ class LoadBar:
             TimeRemainingColumn,
         )
 
-        self._path = path
+        from traceq.reports.safe_text import LINE_CHARS, clip, printable
+
+        self._path = printable(clip(path, LINE_CHARS))  # shown as text, never as markup
         self._bar = Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             DownloadColumn(),
             TextColumn("{task.fields[events]:,} events"),
@@ -313,7 +420,7 @@ class LoadBar:
             console=console,
             transient=True,
         )
-        self._task = self._bar.add_task(f"Loading {path}", total=None, events=0)
+        self._task = self._bar.add_task(f"Loading {self._path}", total=None, events=0)
         self._timer = threading.Timer(delay, self._bar.start)
 
     def __enter__(self) -> LoadBar:
@@ -330,6 +437,26 @@ class LoadBar:
             sizes["total"] = state.total
         description = f"{state.phase.capitalize()} {self._path}"
         self._bar.update(self._task, description=description, events=state.events, **sizes)
+
+
+PIPE_WIDTH = 1000  # off a terminal: wide enough that no table drops or squeezes a column
+
+
+def output_width() -> int | None:
+    """The width stdout renders at: the terminal's (None: rich asks it) on a TTY; in a pipe
+    or a CI log `COLUMNS` when set, else `PIPE_WIDTH`, where rich would take 80 columns and
+    squeeze tables to "comp…" and blank cells. Names stay capped by `safe_text.clip`."""
+    if sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+
+
+def output_console() -> Any:
+    """The rich Console every command prints tables to (`output_width`)."""
+    from rich.console import Console
+
+    return Console(width=output_width(), soft_wrap=False)
 
 
 def echo_json(data: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
 from traceq.cli import jobs
 from traceq.cli.common import (
@@ -12,23 +11,17 @@ from traceq.cli.common import (
     format_option,
     job_options,
     load,
+    output_console,
     region_options,
     traces_argument,
 )
 
 from traceq.relations import critical_path as paths
+from traceq.relations.causes import CAUSE_LABELS
 from traceq.relations.critical_path import Region
+from traceq.reports import replays
 
 NAME_WIDTH = 70
-LABELS = {
-    "cpu_bound": "CPU-bound",
-    "gpu_compute": "GPU compute",
-    "gpu_communication": "GPU communication",
-    "launch_overhead": "launch overhead",
-    "kernel_to_kernel_overhead": "kernel-to-kernel overhead",
-    "sync_wait": "sync wait",
-    "idle": "idle",
-}
 
 
 @click.command("critical-path")
@@ -46,37 +39,45 @@ def critical_path(
     TRACE may be a job (a directory, a glob, several files): one path per rank."""
     if jobs.is_job(trace):
         return jobs.critical_path(trace, region, top_n, fmt, engine)
-    path = paths.critical_path(load(trace[0]), region)
+    loaded = load(trace[0])
+    path = paths.critical_path(loaded, region)
     data = path.to_dict(top=top_n)
+    found = replays.facts(loaded)  # graph replays and kernels without a launch, once
+    data.update({key: value for key, value in found.items() if value})
     if fmt == "json":
         echo_json(data)
         return
-    console = Console()
+    from traceq.reports.safe_text import LINE_CHARS, terminal
+
+    console = output_console()
     start, end = path.region
     console.print(
-        f"[bold]critical path[/] {data['length_us']:,.1f} us of a {(end - start) / 1e3:,.1f} us "
+        f"[bold]critical path[/] {data['length_us']:,.1f} µs of a {(end - start) / 1e3:,.1f} µs "
         f"region ({data['nodes']:,} points, {data['events']:,} events)"
     )
     causes = Table(show_header=True, title_justify="left")
     causes.add_column("cause")
-    causes.add_column("us", justify="right")
+    causes.add_column("µs", justify="right")
     causes.add_column("%", justify="right")
     for cause, pct in sorted(data["breakdown_pct"].items(), key=lambda kv: -kv[1]):
-        causes.add_row(LABELS[cause], f"{data['breakdown_us'][cause]:,.1f}", f"{pct:.1f}")
+        causes.add_row(CAUSE_LABELS[cause], f"{data['breakdown_us'][cause]:,.1f}", f"{pct:.1f}")
+    for label, text in replays.lines(found):  # names from the trace: never as markup
+        console.print(terminal(f"{label.strip()}: {text}", LINE_CHARS))
     console.print(causes)
-    heaviest = Table(title="heaviest on the path", title_justify="left")
-    heaviest.add_column("event", justify="right", no_wrap=True, min_width=6)
+    heaviest = Table(title="heaviest on the path, by name", title_justify="left")
     heaviest.add_column("kind", no_wrap=True, min_width=7)
     heaviest.add_column("name", overflow="ellipsis", no_wrap=True)
-    heaviest.add_column("us", justify="right", no_wrap=True, min_width=8)
+    heaviest.add_column("events", justify="right", no_wrap=True, min_width=6)
+    heaviest.add_column("µs", justify="right", no_wrap=True, min_width=8)
     heaviest.add_column("%", justify="right", no_wrap=True, min_width=5)
-    for row in data["top"]:
+    for row in data["top_names"]:  # the same kernel in 24 layers: one row
         width = max(16, min(NAME_WIDTH, console.width - 46))
-        name = row["name"] if len(row["name"]) <= width else row["name"][: width - 1] + "…"
+        name = row["name"] or "?"
+        name = name if len(name) <= width else name[: width - 1] + "…"
         heaviest.add_row(
-            str(row["event"]),
             row["kind"],
-            name,
+            terminal(name, None),  # the trace's name as it is, never as markup
+            f"{row['events']:,}",
             f"{row['time_us']:,.1f}",
             f"{row['pct']:.1f}",
         )

@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 import polars as pl
-from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import JobEngine, cache_choice, echo_json, progress, writing
+from traceq.cli.common import JobEngine, cache_choice, echo_json, output_console, progress, writing
 
 from traceq.job import Job, load_job
+from traceq.relations.causes import CAUSE_LABELS
 
 
 def is_job(paths: tuple[str, ...]) -> bool:
@@ -87,16 +87,24 @@ def info(paths: tuple[str, ...], fmt: str, engine: JobEngine) -> None:
     if fmt == "json":
         echo_json(data)
         return
-    console = Console()
+    from traceq.reports.safe_text import LINE_CHARS, terminal
+
+    console = output_console()
     shown = job.paths[0] if len(job.paths) == 1 else f"{len(job.paths)} files"
-    console.print(
-        f"[bold]job[/] {paths[0] if len(paths) == 1 else shown}: {len(job.files)} ranks of "
-        f"{job.world_size}; {data['collectives']:,} collectives matched "
-        f"({data['collective_calls']:,} calls)"
+    head = terminal("job", style="bold")
+    head.append_text(
+        terminal(
+            f" {paths[0] if len(paths) == 1 else shown}: {len(job.files)} ranks of "
+            f"{job.world_size}; {data['collectives']:,} collectives matched "
+            f"({data['collective_calls']:,} calls)",
+            LINE_CHARS,
+        )
     )
+    console.print(head)
     for pg in data["process_groups"]:
-        console.print(f"process group {pg['pg']} ({pg['desc'] or '?'}): {_span(pg['ranks'])}")
-    table = Table(title="per rank, mean per step (us)", title_justify="left")
+        line = f"process group {pg['pg']} ({pg['desc'] or '?'}): {_span(pg['ranks'])}"
+        console.print(terminal(line, LINE_CHARS))
+    table = Table(title="per rank, mean per step (µs)", title_justify="left")
     for name in ("rank", "from", "on", "steps", "step", "compute", "comm", "exposed", "memcpy"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("idle", justify="right", no_wrap=True)
@@ -112,8 +120,8 @@ def info(paths: tuple[str, ...], fmt: str, engine: JobEngine) -> None:
     for row in per_rank.iter_rows(named=True):
         table.add_row(
             str(row["rank"]),
-            sources.get(row["rank"], "?"),
-            row["on"],
+            terminal(sources.get(row["rank"], "?")),
+            terminal(row["on"]),
             str(row["steps"]),
             _us(row["span_ns"]),
             _us(row["compute_ns"]),
@@ -125,7 +133,7 @@ def info(paths: tuple[str, ...], fmt: str, engine: JobEngine) -> None:
         )
     console.print(table)
     for note in data["notes"]:
-        console.print(f"note: {note}", highlight=False)
+        console.print(terminal(f"note: {note}", LINE_CHARS), highlight=False)
 
 
 def analyze(
@@ -182,23 +190,24 @@ def critical_path(
     if fmt == "json":
         echo_json({"ranks": per_rank, "notes": job.notes()})
         return
-    from traceq.cli.critical_path import LABELS
 
-    console = Console()
+    from traceq.reports.safe_text import LINE_CHARS, terminal
+
+    console = output_console()
     table = Table(title="critical path per rank", title_justify="left")
     table.add_column("rank", justify="right")
-    table.add_column("length us", justify="right")
+    table.add_column("length µs", justify="right")
     table.add_column("main causes")
     for rank, data in sorted(per_rank.items(), key=lambda kv: -kv[1]["length_us"]):
         causes = sorted(data["breakdown_pct"].items(), key=lambda kv: -kv[1])[:3]
         table.add_row(
             str(rank),
             f"{data['length_us']:,.1f}",
-            ", ".join(f"{LABELS.get(c, c)} {p:.0f}%" for c, p in causes),
+            ", ".join(f"{CAUSE_LABELS.get(c, c)} {p:.0f}%" for c, p in causes),
         )
     console.print(table)
     for note in job.notes():
-        console.print(f"note: {note}", highlight=False)
+        console.print(terminal(f"note: {note}", LINE_CHARS), highlight=False)
     if not per_rank:
         sys.exit(2)
 
@@ -223,13 +232,15 @@ def diff(base: str, new: str, fmt: str) -> None:
     if fmt == "json":
         echo_json(result.to_dict())
         return
-    console = Console()
+    from traceq.reports.safe_text import LINE_CHARS, terminal
+
+    console = output_console()
     job = result.job
     console.print(
-        f"[bold]job step time[/] {_us(job['base_step_ns'])} -> {_us(job['new_step_ns'])} us "
+        f"[bold]job step time[/] {_us(job['base_step_ns'])} -> {_us(job['new_step_ns'])} µs "
         f"({_pct(job['change'])}); worst rank: {result.worst_rank}"
     )
-    table = Table(title="median step wall time per rank (us)", title_justify="left")
+    table = Table(title="median step wall time per rank (µs)", title_justify="left")
     for name in ("rank", "base", "new", "change"):
         table.add_column(name, justify="right")
     for row in sorted(result.rows, key=lambda r: -(r["change"] or 0)):
@@ -238,7 +249,7 @@ def diff(base: str, new: str, fmt: str) -> None:
         )
     console.print(table)
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(terminal(f"note: {note}", LINE_CHARS), highlight=False)
 
 
 def baseline_save(paths: str, output: str, findings: bool | None) -> None:
@@ -261,6 +272,8 @@ def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fm
     if fmt == "json":
         echo_json(result.to_dict())
     else:
+        from traceq.reports.safe_text import LINE_CHARS, clip, printable
+
         step = result.job_step
         click.echo(
             f"job step time: {step['verdict']}"
@@ -268,8 +281,9 @@ def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fm
         )
         for rank, res in sorted(result.ranks.items()):
             bad = ", ".join(m.spec for m in res.regressions)
-            click.echo(f"rank {rank}: " + (f"regressed: {bad}" if bad else "ok"))
+            line = f"rank {rank}: " + (f"regressed: {bad}" if bad else "ok")
+            click.echo(printable(clip(line, LINE_CHARS)))
         for note in result.notes:
-            click.echo(f"note: {note}")
+            click.echo(printable(clip(f"note: {note}", LINE_CHARS)))
     if result.failed:
         sys.exit(1)

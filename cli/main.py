@@ -32,6 +32,8 @@ COMMANDS = {
     "check": "traceq.cli.check:check",
     "zoo": "traceq.cli.zoo:zoo",
     "cache": "traceq.cli.cache:cache",
+    "roofline": "traceq.cli.roofline:roofline_command",
+    "device": "traceq.cli.device:device",
 }
 
 
@@ -47,11 +49,35 @@ class Group(click.Group):
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """A mistyped command names the closest ones: `no command 'analyse'; did you mean
+        'analyze'?`, exit 2."""
+        name = args[0] if args else None
+        if name is not None and not name.startswith("-") and name not in COMMANDS:
+            import difflib
+
+            from traceq.reports.safe_text import clip, printable
+
+            close = difflib.get_close_matches(name, list(COMMANDS), n=3, cutoff=0.6)
+            hint = (
+                f"did you mean {' or '.join(repr(c) for c in close)}?"
+                if close
+                else "see 'traceq --help'"
+            )
+            click.echo(f"traceq: error: no command {printable(clip(name))!r}; {hint}", err=True)
+            sys.exit(2)
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except TraceError as exc:
-            click.echo(f"traceq: error: {exc}", err=True)
+            from traceq.reports.safe_text import LINE_CHARS, clip, printable
+
+            # one line, whatever a path or a name in the message holds
+            click.echo(f"traceq: error: {printable(clip(exc, LINE_CHARS))}", err=True)
             sys.exit(2)
         except click.UsageError as exc:
             _usage_error(exc, ctx)

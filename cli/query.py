@@ -36,8 +36,12 @@ def query(trace: str, sql: str, fmt: str, limit: int) -> None:
     elif fmt == "csv":
         click.echo(flat_for_csv(result).write_csv(), nl=False)
     else:
+        from traceq.reports.safe_text import printable
+
         with pl.Config(tbl_rows=limit, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=160):
-            click.echo(result)
+            table = str(result)
+        # the trace's names as text: no control character reaches the terminal
+        click.echo("\n".join(printable(line) for line in table.split("\n")))
 
 
 def flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.console import Console
 from rich.table import Table
-from traceq.cli.common import echo_json, format_option
+from traceq.cli.common import echo_json, format_option, output_console
 
 from traceq.rules.config import ConfigError
 from traceq.rules.engine import discover
@@ -42,7 +41,7 @@ def rules(fmt: str) -> None:
         origin = ruleset.origin.get(r.code, "builtin")
         summary = r.summary if origin == "builtin" else f"{r.summary} [{origin}]"
         table.add_row(r.code, r.name, r.severity, summary)
-    Console(width=120, soft_wrap=False).print(table)
+    output_console().print(table)
     for problem in ruleset.problems:
         click.echo(f"traceq: warning: {problem}", err=True)
 
@@ -57,10 +56,26 @@ def explain(code: str) -> None:
         known = ", ".join(r.code for r in ruleset.rules)
         raise ConfigError(f"unknown rule {code!r}; known rules: {known}")
     click.echo(f"# {found.code} {found.name} ({found.severity})\n")
-    click.echo(found.doc)
+    doc = found.doc.rstrip("\n")
     if found.defaults:
-        click.echo("\n## Options")
-        for key, value in found.defaults.items():
-            click.echo(f"- `{key}` = {value!r}  (e.g. --option {found.code}.{key}={value})")
-    if found.zoo:
-        click.echo(f"\n## Zoo patterns\n{', '.join(found.zoo)}")
+        key, value = next(iter(found.defaults.items()))
+        how = (
+            f"Set one with `--option {found.code}.NAME=VALUE`, "
+            f"e.g. `--option {found.code}.{key}={value}`."
+        )
+        if "## Options" in doc:  # the doc's own section, once, with how to set them
+            doc = _in_section(doc, "## Options", how)
+        else:
+            listed = "\n".join(f"- `{k}` ({v!r})" for k, v in found.defaults.items())
+            doc += f"\n\n## Options\n{listed}\n\n{how}"
+    if found.zoo and "## Zoo" not in doc:
+        doc += f"\n\n## Zoo patterns\n{', '.join(found.zoo)}"
+    click.echo(doc)
+
+
+def _in_section(doc: str, heading: str, text: str) -> str:
+    """`doc` with `text` as the last paragraph of its `heading` section."""
+    start = doc.index(heading)
+    end = doc.find("\n## ", start + len(heading))
+    end = len(doc) if end < 0 else end
+    return f"{doc[:end].rstrip()}\n\n{text}\n{doc[end:]}"

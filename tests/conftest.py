@@ -64,7 +64,7 @@ GPU_SOURCES = json.loads((GPU_FIXTURES / "sources.json").read_text())["traces"]
 # shared relative path -> the bundled copy of the same bytes
 BUNDLED = {entry["shared"]: GPU_FIXTURES / name for name, entry in GPU_SOURCES.items()}
 # Execution Traces (PyTorch's graph dump, not Kineto) and raw memory timelines: not traces.
-NOT_KINETO = ("_et.json", ".raw.gz")
+NOT_KINETO = ("_et.json", ".raw.gz", "execution_details.json")  # ET, raw, engine metadata
 # `cat` of GPU activities (kernels, copies, sets) in the raw JSON, as Kineto writes them.
 RAW_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 # Traces bigger than this are marked `slow` (deselect them with -m "not slow").
@@ -263,7 +263,10 @@ class TraceCase:
 
     @cached_property
     def trace(self) -> traceq.Trace:
-        return traceq.load(self.path)
+        """The trace as its file holds it: no capture trace's ops copied in (graph replays
+        are tested on their own, `tests/test_graph_replay*.py`), so every row is an event
+        of the raw JSON the tests compare with."""
+        return traceq.load(self.path, capture=False)
 
     @cached_property
     def raw(self) -> Raw:
@@ -289,14 +292,15 @@ def corpus_paths(name: str) -> tuple[Path, Path]:
 @cache
 def corpus_trace(name: str) -> traceq.Trace:
     """A corpus entry's Kineto trace, loaded once for the whole run (the corpus tests only
-    read it; a test that sets its data flow loads its own)."""
-    return traceq.load(corpus_paths(name)[0])
+    read it; a test that sets its data flow loads its own). Its data flow is inferred: the
+    ET beside it is what the corpus tests measure inference against."""
+    return traceq.load(corpus_paths(name)[0], execution_trace=False)
 
 
 @cache
 def corpus_et(name: str) -> pl.DataFrame:
     """A corpus entry's Execution Trace, loaded once for the whole run."""
-    from traceq.relations.execution_trace import load_execution_trace
+    from traceq.relations.dataflow.execution_trace import load_execution_trace
 
     return load_execution_trace(corpus_paths(name)[1])
 
@@ -446,7 +450,7 @@ def kineto_case(request: pytest.FixtureRequest) -> TraceCase:
 def edges_into(trace: traceq.Trace, et: pl.DataFrame, consumers: pl.Series) -> tuple[set, set]:
     """(inferred, exact) (producer, consumer) pairs into `consumers` (trace events), the
     exact ones from the ET's tensor ids."""
-    from traceq.relations.execution_trace import tensor_edges
+    from traceq.relations.dataflow.execution_trace import tensor_edges
 
     key = ["producer", "consumer"]
     into = pl.col("consumer").is_in(consumers.implode())

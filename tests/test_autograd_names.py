@@ -1,28 +1,31 @@
-"""The profiler's names for autograd's work, matched as each caller's reasoning needs.
+"""The profiler's names for autograd's work, read in one place (`relations/autograd.py`).
 
-`relations/autograd.py` holds the three spellings; these cases pin what each one takes, on
-names as PyTorch's profiler writes them, so that merging two of them (they differ on
-purpose) fails here rather than silently moving data-flow edges.
+An autograd node has one spelling (`is_node`); whether a range is the engine's frame
+around one (`is_frame`, `framed_node`) and whether its node runs a derivative formula
+(`is_formula`) are properties of a node. These cases pin what each takes, on names as
+PyTorch's profiler writes them, so that a change to one fails here rather than silently
+moving data-flow edges or findings.
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import polars as pl
 import pytest
 
+import traceq
 from traceq.relations import autograd
-from traceq.relations.backward_reads import BACKWARD_NODE
 from traceq.relations.breakdown import BACKWARD_OP
-from traceq.relations.gradients import EVALUATE
-from traceq.rules.opclass import AUTOGRAD_NODE
 
 NAMES = {
-    "AddmmBackward0": {"node", "formula", "work"},
-    "autograd::engine::evaluate_function: AddmmBackward0": {"node", "formula", "work"},
-    "MyFnBackward": {"node", "work"},  # a custom autograd.Function
-    "DifferentiableGraphBackward": {"node", "work"},  # TorchScript
-    "<backward op>": {"work"},  # names stripped (HTA's anonymised traces)
-    "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad": {"work"},
+    "AddmmBackward0": {"node", "formula"},
+    "autograd::engine::evaluate_function: AddmmBackward0": {"node", "formula", "frame"},
+    "MyFnBackward": {"node"},  # a custom autograd.Function
+    "DifferentiableGraphBackward": {"node"},  # TorchScript
+    "<backward op>": {"node"},  # names stripped (HTA's anonymised traces)
+    "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad": {"node", "frame"},
     "aten::addmm": set(),
     "Backwards": set(),
     "aten::backward_hook": set(),
@@ -30,20 +33,34 @@ NAMES = {
 
 
 @pytest.mark.parametrize(("name", "kinds"), NAMES.items())
-def test_each_spelling_takes_the_names_it_documents(name: str, kinds: set[str]) -> None:
-    names = pl.Series([name])
+def test_each_property_takes_the_names_it_documents(name: str, kinds: set[str]) -> None:
+    names = pl.DataFrame({"name": [name]})
     got = {
         kind
-        for kind, pattern in (
-            ("node", autograd.NODE),
-            ("formula", autograd.FORMULA_NODE),
-            ("work", AUTOGRAD_NODE),
+        for kind, test in (
+            ("node", autograd.is_node()),
+            ("formula", autograd.is_formula()),
+            ("frame", autograd.is_frame()),
         )
-        if names.str.contains(pattern).item()
+        if names.select(test).item()
     }
     assert got == kinds
 
 
-def test_callers_read_the_one_module() -> None:
-    assert BACKWARD_OP == EVALUATE.rstrip() == autograd.ENGINE_FRAME
-    assert BACKWARD_NODE == autograd.FORMULA_NODE
+def test_a_frame_names_the_node_it_runs() -> None:
+    names = pl.DataFrame(
+        {"name": ["autograd::engine::evaluate_function: MulBackward0", "MulBackward0"]}
+    )
+    assert names.select(autograd.framed_node())["name"].to_list() == ["MulBackward0", None]
+
+
+def test_no_module_spells_a_node_of_its_own() -> None:
+    assert BACKWARD_OP == autograd.ENGINE_FRAME
+    spelling = re.compile(r"Backward\\d|evaluate_function:\"|<backward op>")
+    package = Path(traceq.__file__).parent
+    spelled = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "autograd.py" and spelling.search(path.read_text())
+    ]
+    assert spelled == []

@@ -53,9 +53,11 @@ def test_info_findings_fail_only_at_info() -> None:
 
 def test_select_and_ignore_accept_commas_and_repeats() -> None:
     both = json_of(EAGER, "--select", "TQ204,TQ205", "--select", "TQ3")
-    assert both["summary"]["rules_run"] == ["TQ204", "TQ205", "TQ301", "TQ302"]
+    third = [r.code for r in RULES if r.code.startswith("TQ3")]
+    assert both["summary"]["rules_run"] == ["TQ204", "TQ205", *third]
     fewer = json_of(EAGER, "--select", "TQ2", "--ignore", "TQ201,TQ202", "--ignore", "TQ203")
-    assert fewer["summary"]["rules_run"] == ["TQ204", "TQ205", "TQ206", "TQ207"]
+    second = [r.code for r in RULES if r.code.startswith("TQ2")]
+    assert fewer["summary"]["rules_run"] == [c for c in second if c >= "TQ204"]
 
 
 def test_option_overrides_a_threshold() -> None:

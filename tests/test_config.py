@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from traceq.analyze import analyze
+from traceq.perf.device import cpu_model
 from traceq.rules.catalogue import RULES
 from traceq.rules.config import (
     Config,
@@ -20,7 +21,6 @@ from traceq.rules.config import (
     rule_options,
     selected,
 )
-from traceq.rules.device import cpu_model
 from traceq.rules.engine import run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -45,11 +45,11 @@ def test_default_selects_every_rule() -> None:
 @pytest.mark.parametrize(
     ("select", "ignore", "expected"),
     [
-        (("TQ1",), (), ["TQ101", "TQ102", "TQ103", "TQ104", "TQ105"]),
-        (("TQ20",), (), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ205", "TQ206", "TQ207"]),
-        (("TQ201", "TQ3"), (), ["TQ201", "TQ301", "TQ302"]),
-        (None, ("TQ1", "TQ2"), ["TQ301", "TQ302", "TQ401", "TQ402", "TQ403", "TQ404"]),
-        (("TQ2",), ("TQ205",), ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206", "TQ207"]),
+        (("TQ1",), (), [c for c in ALL if c.startswith("TQ1")]),
+        (("TQ20",), (), [c for c in ALL if c.startswith("TQ20")]),
+        (("TQ201", "TQ3"), (), ["TQ201"] + [c for c in ALL if c.startswith("TQ3")]),
+        (None, ("TQ1", "TQ2"), [c for c in ALL if c[2] not in "12"]),
+        (("TQ2",), ("TQ205",), [c for c in ALL if c.startswith("TQ2") and c != "TQ205"]),
         # the more specific selector wins, like ruff: ignore TQ2 but select TQ201
         (("ALL", "TQ201"), ("TQ2",), [c for c in ALL if not c.startswith("TQ2")] + ["TQ201"]),
         (("TQ102",), ("TQ102",), []),  # a tie goes to ignore
@@ -72,7 +72,7 @@ def test_command_line_select_replaces_and_ignore_adds() -> None:
     merged = file.merged(select=["TQ2"], ignore=["TQ205"])
     assert merged.select == ("TQ2",)
     assert merged.ignore == ("TQ105", "TQ205")
-    assert codes(merged) == ["TQ201", "TQ202", "TQ203", "TQ204", "TQ206", "TQ207"]
+    assert codes(merged) == [c for c in ALL if c.startswith("TQ2") and c != "TQ205"]
 
 
 # -- options ------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def test_traceq_toml_is_the_table_itself(tmp_path: Path) -> None:
     path = tmp_path / "traceq.toml"
     path.write_text('select = ["TQ3"]\n[rules.TQ302]\nmin_share = 0.2\n')
     config = load_config(path)
-    assert codes(config) == ["TQ301", "TQ302"]
+    assert codes(config) == [c for c in ALL if c.startswith("TQ3")]
     assert rule_options(by_code("TQ302"), config)["min_share"] == 0.2
 
 

@@ -24,7 +24,7 @@ import pytest
 
 import traceq
 from traceq.relations.dataflow import dataflow, module_calls
-from traceq.relations.execution_trace import load_execution_trace
+from traceq.relations.dataflow.execution_trace import load_execution_trace
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 
@@ -166,7 +166,7 @@ def _tops(trace: traceq.Trace) -> pl.DataFrame:
 def test_no_inferred_edge_joins_the_two_denoising_calls(name: str) -> None:
     """Call 2's ops have the shapes and module paths of call 1's: no inferred edge may
     link them (the ET has none: the test above)."""
-    trace = traceq.load(_paths(name)[0])
+    trace = traceq.load(_paths(name)[0], execution_trace=False)
     tops = _tops(trace)
     assert tops["_top"].n_unique() == 2
     crossing = (
@@ -182,7 +182,7 @@ def test_no_inferred_edge_joins_the_two_denoising_calls(name: str) -> None:
 @cache
 def _findings(name: str, exact: bool) -> frozenset[tuple[str, frozenset[int]]]:
     kineto, et = _paths(name)
-    trace = traceq.load(kineto)
+    trace = traceq.load(kineto, execution_trace=False)
     if exact:
         et_frame = load_execution_trace(et)
         trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=et_frame)
@@ -226,9 +226,10 @@ def test_each_unet_geglu_is_one_tq103_finding() -> None:
 def test_unet_upsampler_conv_reads_the_upsampled_value() -> None:
     """`Upsample2D`: `conv(interpolate(x, scale_factor=2.0))`; the conv reads the
     `upsample_nearest2d` (its output shape from the scale factors), as in the ET."""
-    from traceq.relations.execution_trace import tensor_edges
+    from traceq.relations.dataflow.execution_trace import tensor_edges
 
-    trace, et = traceq.load(_paths("unet")[0]), load_execution_trace(_paths("unet")[1])
+    trace = traceq.load(_paths("unet")[0], execution_trace=False)
+    et = load_execution_trace(_paths("unet")[1])
     convs = trace.dataflow_ops.filter(
         (pl.col("name") == "aten::conv2d") & pl.col("module").str.contains(r"Upsample2D_\d+\.")
     )["event"]

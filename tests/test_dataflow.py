@@ -376,7 +376,7 @@ def test_derived_output_shapes_match_torch(tmp_path: Path) -> None:
 def test_a_dict_among_input_dims_gives_an_unknown_output_not_a_key_error() -> None:
     """Hypothesis found `Input Dims: [[], {}]` on an `aten::mm`: `b[-1]` on a dict raised
     KeyError out of `analyze`; a shape that is not a list of ints is an unknown output."""
-    from traceq.relations import opshapes
+    from traceq.relations.dataflow import shapes
 
-    sig = opshapes.signature("aten::mm", "[[], {}]", ["float", "float"], ["", ""])
+    sig = shapes.signature("aten::mm", "[[], {}]", ["float", "float"], ["", ""])
     assert sig.output is None

@@ -19,8 +19,9 @@ import pytest
 from conftest import FIXTURES, SHARED_TRACES, Raw, corpus_et, corpus_trace
 
 import traceq
-from traceq.relations import backward_reads, ddp_reducer, opshapes
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow import shapes
+from traceq.relations.dataflow.execution_trace import tensor_edges
+from traceq.relations.dataflow.readers import backward_reads, ddp_reducer
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 
@@ -57,7 +58,7 @@ def test_no_edge_rests_on_the_sequence_number_where_the_backward_reads_inputs() 
 def _siblings(trace: traceq.Trace, nodes: tuple[str, ...]) -> set[tuple[int, int]]:
     """Inferred edges between two ops directly under one autograd node named in `nodes`,
     neither of them a view: two gradients of one product, by the node's formula."""
-    ops = trace.dataflow_ops.filter(pl.col("kind") != opshapes.VIEW)
+    ops = trace.dataflow_ops.filter(pl.col("kind") != shapes.VIEW)
     names = trace.ops.select(pl.col("event").cast(pl.Int64).alias("parent"), "name")
     under = ops.join(names.filter(pl.col("name").is_in(nodes)), on="parent").select(
         "event", "parent"

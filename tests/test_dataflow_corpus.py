@@ -18,7 +18,7 @@ from conftest import CORPUS, corpus_et, corpus_paths, corpus_trace
 
 import traceq
 from traceq.relations.dataflow import dataflow, module_calls
-from traceq.relations.execution_trace import match_ops, tensor_edges
+from traceq.relations.dataflow.execution_trace import match_ops, tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.finding import Finding
@@ -166,24 +166,124 @@ def test_t5_gated_gelu_is_found_in_every_layer() -> None:
 # -- the measurement -------------------------------------------------------------------------
 
 
-def test_corpus_accuracy_holds_its_measured_floor() -> None:
-    """The corpus totals (benchmarks/dataflow_accuracy.py) do not fall below what this
-    branch measured over the 26 entries: edge precision 0.989, recall 0.954 (5,148 of
-    5,207 inferred, 5,396 exact; 0.976 / 0.926 before round four's data-flow modules);
-    findings precision 1.000, recall 1.000 (259 of 259)."""
+MEASURED = {
+    "bert": (67, 0, 68),
+    "bert_ensemble": (135, 0, 139),
+    "clip": (150, 2, 153),
+    "convnext": (29, 0, 29),
+    "ddp_train": (60, 1, 68),
+    "dit": (410, 1, 460),
+    "gemma": (190, 0, 190),
+    "gpt2": (118, 0, 118),
+    "gpt2_generate": (578, 3, 612),
+    "inplace": (8, 0, 8),
+    "llama": (179, 0, 179),
+    "llama_compiled": (0, 4, 1),
+    "llama_generate": (829, 4, 856),
+    "llama_mha": (179, 0, 179),
+    "mistral": (189, 0, 191),
+    "mixtral": (249, 4, 257),
+    "mlp_compiled": (0, 1, 1),
+    "qwen2": (179, 0, 179),
+    "qwen3": (215, 0, 215),
+    "resnet": (22, 0, 22),
+    "shared_block": (12, 0, 12),
+    "t5": (402, 1, 411),
+    "unet": (495, 2, 552),
+    "vit": (64, 0, 64),
+    "vit_repeated": (192, 0, 192),
+    "whisper": (239, 0, 240),
+}
+"""The 26 entries of issue 10's rounds, each as measured (edges right, wrong, exact):
+5,190 right of 5,213 inferred, 5,396 exact (precision 0.996, recall 0.962)."""
+KINDS = {
+    "eager attention": (
+        ("bert_eager", "vit_eager", "clip_eager", "gpt2_eager", "llama_eager"),
+        (0.975, 0.955),
+    ),
+    "tensor-parallel block": (("tp_block",), (0.975, 0.975)),
+}
+"""Kinds added after them, with the edge precision and recall each holds over its entries
+(micro-averaged): eager attention 0.951 / 0.933 before `readers/attention_operands.py`,
+0.980 / 0.962 with it; the tensor-parallel block 0.932 / 0.872 before
+`readers/bias_gelu.py`, 0.979 / 0.979 with it."""
+TARGET = (0.95, 0.90)
+"""What each kind is to reach (the issue "Data flow on real GPU work")."""
+BELOW_TARGET = {
+    "training step": (("gpt2_train_ce", "cnn_train", "tp_train"), (0.855, 0.73)),
+}
+"""Kinds not at `TARGET` yet, each with the floor it holds now (the training steps 0.860 /
+0.732; 0.775 / 0.704 before `readers/optimizer_steps.py` and `readers/bias_gelu.py`,
+0.752 / 0.666 before the backward ops' several gradients were read: Adam's tensor lists
+and the backward's transposes are left, see docs/dataflow_accuracy.md)."""
+
+
+def _edge_counts(name: str) -> tuple[int, int, int]:
+    """(right, wrong, exact) edges of one corpus entry, as `dataflow_accuracy` counts them."""
+    from dataflow_accuracy import edge_sets
+
+    inferred, exact = edge_sets(corpus_trace(name), corpus_et(name))
+    return len(inferred & exact), len(inferred - exact), len(exact)
+
+
+def _kind_accuracy(names: tuple[str, ...]) -> tuple[float, float]:
+    right, wrong, exact = (sum(c) for c in zip(*(_edge_counts(n) for n in names), strict=True))
+    return right / (right + wrong), right / exact
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_old_entries_hold_their_measured_edges(name: str) -> None:
+    """Each of the 26 entries keeps its measured right edges and makes no more wrong ones."""
+    corpus_paths(name)
+    right, wrong, exact = _edge_counts(name)
+    was_right, was_wrong, was_exact = MEASURED[name]
+    assert exact == was_exact
+    assert right >= was_right
+    assert wrong <= was_wrong
+
+
+def test_old_entries_keep_their_findings() -> None:
+    """The fusion rules on inferred data flow make the ET run's findings over the 26
+    (precision 1.000, recall 1.000 as measured)."""
     from dataflow_accuracy import Score, pairs, score
 
-    entries = pairs(CORPUS)
-    if len(entries) < 20:
+    entries = [entry for entry in pairs(CORPUS) if entry[0] in MEASURED]
+    if len(entries) < len(MEASURED):
         pytest.skip("the corpus is not recorded")
-    total = Score("all")
+    total = Score("old")
     for entry in entries:
         total.add(score(*entry)[0])
     row = total.row()
-    assert row["edge_precision"] >= 0.993
-    assert row["edge_recall"] >= 0.958
     assert row["finding_precision"] == 1.0
     assert row["finding_recall"] >= 0.995
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_kind_reaches_its_target(kind: str) -> None:
+    names, (precision, recall) = KINDS[kind]
+    for name in names:
+        corpus_paths(name)
+    got = _kind_accuracy(names)
+    assert got[0] >= max(precision, TARGET[0]) and got[1] >= max(recall, TARGET[1]), got
+
+
+@pytest.mark.parametrize("kind", sorted(BELOW_TARGET))
+def test_kinds_below_target_hold_their_floor(kind: str) -> None:
+    names, (precision, recall) = BELOW_TARGET[kind]
+    for name in names:
+        corpus_paths(name)
+    got = _kind_accuracy(names)
+    assert got[0] >= precision and got[1] >= recall, got
+
+
+@pytest.mark.xfail(strict=True, reason="below the issue's target: docs/dataflow_accuracy.md")
+@pytest.mark.parametrize("kind", sorted(BELOW_TARGET))
+def test_kinds_below_target_reach_it(kind: str) -> None:
+    names, _ = BELOW_TARGET[kind]
+    for name in names:
+        corpus_paths(name)
+    got = _kind_accuracy(names)
+    assert got[0] >= TARGET[0] and got[1] >= TARGET[1], got
 
 
 # -- class 4: most-recent same-shape sibling ----------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import polars as pl
 from conftest import corpus_et, corpus_trace, edges_into
 
-from traceq.relations import opshapes
+from traceq.relations.dataflow import shapes
 
 ENTRY = "ddp_train"
 
@@ -69,8 +69,8 @@ def test_the_backward_nodes_read_no_value_their_forward_op_did_not_save() -> Non
 def test_an_in_place_collective_returns_its_one_tensor() -> None:
     """`allreduce_([bucket])` writes the bucket; of several tensors no one shape is known."""
     types = ["TensorList", "", "", "", "", ""]
-    one = opshapes.signature("c10d::allreduce_", "[[[16576]], [], [], [], [], []]", types, None)
-    two = opshapes.signature("c10d::allreduce_", "[[[4], [8]], [], [], [], [], []]", types, None)
+    one = shapes.signature("c10d::allreduce_", "[[[16576]], [], [], [], [], []]", types, None)
+    two = shapes.signature("c10d::allreduce_", "[[[4], [8]], [], [], [], [], []]", types, None)
     assert one.output == [16576]
     assert two.output is None
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import corpus_et, corpus_trace
 from test_dataflow_lists import _et_list_reads, _into_lists
 
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 GENERATE = ("gpt2_generate", "llama_generate")
 STEPS = 4  # `max_new_tokens`: a prefill and three decode steps

@@ -18,7 +18,7 @@ import pytest
 from conftest import corpus_et, corpus_trace, edges_into
 
 import traceq
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 
 def test_index_reads_self_and_each_index_tensor(tmp_path: Path) -> None:
@@ -66,7 +66,7 @@ def test_mixtral_dispatch_index_edges_are_the_ets() -> None:
 def test_index_with_no_recorded_size_stays_unknown() -> None:
     """An older profiler records no concrete inputs (HTA's MTIA trace: `as_strided`'s size
     is `''`): the index's result stays unknown instead of failing the load."""
-    from traceq.relations.indexing import index_results
+    from traceq.relations.dataflow.readers.indexing import index_results
 
     frame = pl.DataFrame(
         {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 from conftest import corpus_et, corpus_trace
 
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 
 def _into_lookups(frame: pl.DataFrame, lookups: pl.Series) -> set[tuple[int, int]]:

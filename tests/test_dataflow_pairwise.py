@@ -5,7 +5,7 @@ T5's relative position buckets run `-torch.min(rp, torch.zeros_like(rp))` and
 each returned a 0-d tensor and read only `a`: `neg` and `where` found no value of their
 shape and took the `zeros_like` / `full_like` beside it (t5: 4 wrong edges, 3 missed).
 The edges into T5's `min` and `neg` ops are checked against the ET's tensor ids; the
-first two tests fail on the code before `opshapes.PAIRWISE_EXTREMES`.
+first two tests fail on the code before `shapes.PAIRWISE_EXTREMES`.
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ import polars as pl
 import pytest
 from conftest import corpus_et, corpus_trace
 
-from traceq.relations import opshapes
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow import shapes
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 
 def test_min_of_two_tensors_is_elementwise_and_reads_both() -> None:
-    sig = opshapes.signature("aten::min", "[[8, 8], [8, 8]]", ["long int", "long int"], ["", ""])
+    sig = shapes.signature("aten::min", "[[8, 8], [8, 8]]", ["long int", "long int"], ["", ""])
     assert (sig.kind, sig.output, sig.inputs) == (
-        opshapes.ELEMENTWISE,
+        shapes.ELEMENTWISE,
         [8, 8],
         [(0, [8, 8]), (1, [8, 8])],
     )
-    whole = opshapes.signature("aten::min", "[[8, 8]]", ["float"], [""])
-    assert (whole.kind, whole.output) == (opshapes.REDUCTION, [])
+    whole = shapes.signature("aten::min", "[[8, 8]]", ["float"], [""])
+    assert (whole.kind, whole.output) == (shapes.REDUCTION, [])
 
 
 @pytest.mark.parametrize("name", ["aten::neg", "aten::min"])

@@ -15,7 +15,7 @@ import polars as pl
 from conftest import corpus_et, corpus_trace
 
 import traceq
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 
 def _pairs(frame: pl.DataFrame) -> set[tuple[int, int]]:

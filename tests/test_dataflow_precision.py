@@ -17,7 +17,7 @@ import pytest
 from conftest import corpus_et, corpus_paths, corpus_trace
 
 import traceq
-from traceq.relations.execution_trace import match_ops, tensor_edges
+from traceq.relations.dataflow.execution_trace import match_ops, tensor_edges
 
 
 @cache

@@ -14,7 +14,7 @@ from __future__ import annotations
 import polars as pl
 from conftest import corpus_et, corpus_trace
 
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 
 def _edges_into(entry: str, name: str) -> tuple[set, set]:

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from conftest import corpus_et, corpus_trace
 
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 
 
 def _pairs(frame: pl.DataFrame) -> set[tuple[int, int]]:

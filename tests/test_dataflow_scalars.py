@@ -20,11 +20,11 @@ from conftest import corpus_paths
 
 import traceq
 from traceq.relations.dataflow import dataflow, module_calls
-from traceq.relations.execution_trace import load_execution_trace
-from traceq.relations.scalars import EVIDENCE, weighted_sum_reads
+from traceq.relations.dataflow.execution_trace import load_execution_trace
+from traceq.relations.dataflow.readers.scalars import EVIDENCE, weighted_sum_reads
 from traceq.rules.config import Config
 from traceq.rules.engine import run
-from traceq.rules.opclass import classify
+from traceq.rules.op_classes import classify
 from traceq.rules.tq104_pointwise_chain import pointwise_chains
 
 DIFFUSION = ("unet", "dit")
@@ -32,7 +32,7 @@ DIFFUSION = ("unet", "dit")
 
 @cache
 def _loaded(name: str) -> traceq.Trace:
-    return traceq.load(corpus_paths(name)[0])
+    return traceq.load(corpus_paths(name)[0], execution_trace=False)
 
 
 @cache
@@ -160,7 +160,7 @@ def _input_reading(name: str, producer: int, consumer: int) -> int | None:
 @cache
 def _tq104(name: str, exact: bool) -> frozenset[frozenset[int]]:
     kineto, et = corpus_paths(name)
-    trace = traceq.load(kineto)
+    trace = traceq.load(kineto, execution_trace=False)
     if exact:
         frame = load_execution_trace(et)
         trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=frame)

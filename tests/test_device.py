@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 import traceq
-from traceq.rules.device import cpu_model, device_model, gpu_model
+from traceq.perf.device import cpu_model, device_model, gpu_model
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

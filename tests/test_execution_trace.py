@@ -1,4 +1,4 @@
-"""Exact data flow from an Execution Trace companion (`traceq.relations.execution_trace`).
+"""Exact data flow from an Execution Trace companion (`traceq.relations.dataflow.execution_trace`).
 
 Real pairs (skipped when ../shared/traces is absent):
 - param/et_replay/tests/inputs/linear_et.json.gz + linear_kineto.json.gz:
@@ -22,7 +22,7 @@ from conftest import SHARED_TRACES
 
 import traceq
 from traceq.relations.dataflow import dataflow, dataflow_ops
-from traceq.relations.execution_trace import (
+from traceq.relations.dataflow.execution_trace import (
     ET_SCHEMA,
     ExecutionTraceError,
     load_execution_trace,

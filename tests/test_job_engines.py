@@ -121,11 +121,12 @@ print(len(traceq.analyze_job(job, select=["TQ4"]).findings))
 """
 
 
-def test_a_script_without_a_main_guard_gets_one_line_saying_so(tmp_path):
-    """Each local worker imports the driver's script; one that maps its job at import
+def test_a_script_without_a_main_guard_maps_its_job(tmp_path):
+    """Each local worker imported the driver's script; one that maps its job at import
     ran the job again in every worker, and each failed with multiprocessing's traceback
     ("An attempt has been made to start a new process before ...") under the driver's
-    `BrokenProcessPool`. Now the workers exit quietly and the driver says what to do."""
+    `BrokenProcessPool`. Now its workers start without importing it, and the job maps
+    (`engine.unguarded_script`; tests/test_job_plain_script.py)."""
     import subprocess
     import sys
 
@@ -134,11 +135,8 @@ def test_a_script_without_a_main_guard_gets_one_line_saying_so(tmp_path):
     run = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
-    assert run.returncode == 1
-    last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("traceq.errors.TraceError: a worker process of the local engine died")
-    assert f"{script} may run its job at import" in last
-    assert 'if __name__ == "__main__":' in last
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout.split()[-1]) >= 1  # the slowed rank's straggler, at least
     assert "An attempt has been made to start a new process" not in run.stderr
     assert "BrokenProcessPool" not in run.stderr
 

@@ -56,7 +56,7 @@ def test_first_run_writes_the_baseline_and_passes(project: pytest.Pytester) -> N
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*traceq: wrote 1 baseline(s)*", "*test_mlp_step.json"])
     data = json.loads(baseline(project).read_text())
-    assert data["traceq_baseline"] == 2 and data["basis"] == "cpu"
+    assert data["traceq_baseline"] == 3 and data["basis"] == "cpu"
     assert len(data["steps"]["ids"]) == 3
 
 

@@ -214,7 +214,8 @@ def test_gpu_page_draws_kernels_streams_modules_and_critical_path(shared_trace):
     specs = figure_specs(text)
     kinds = [s["data"][0]["type"] for s in specs]
     assert "treemap" in kinds and "scatter" in kinds
-    assert len(specs) == 7  # savings, steps, streams, critical path, kernels, ops, modules
+    # savings, steps, streams, critical path, kernels, ops, modules, roofline
+    assert len(specs) == 8
     crit = trace.critical_path()
     drawn = next(s for s in specs if "gpu compute" in (s["data"][0].get("y") or []))
     assert dict(zip(drawn["data"][0]["y"], drawn["data"][0]["x"], strict=True))[

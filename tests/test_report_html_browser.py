@@ -232,3 +232,20 @@ def test_check_and_diff_pages_in_chromium(browser, tmp_path):
         visit = check_page(browser, path, min_charts=1)
         assert visit.page.locator("table").count() >= 2
         visit.close()
+
+
+def test_roofline_chart_in_chromium(browser, tmp_path):
+    """The roofline section of a GPU trace with shapes (SGLang's Qwen3-8B decode on MI300X,
+    bundled from AMD-AGI/TraceLens, MIT): its chart drew on log axes, roofs and points."""
+    path = ROOT / "fixtures" / "serving" / "sglang_decode" / "sglang_Qwen3-8B_decode.json.gz"
+    out = traceq.report(path, tmp_path / "roofline.html")
+    visit = check_page(browser, out, min_charts=5)
+    drawn = visit.page.evaluate(
+        "() => { const d = document.querySelector('#roofline .js-plotly-plot');"
+        " return d && {x: d.layout.xaxis.type, y: d.layout.yaxis.type,"
+        " lines: d.querySelectorAll('path.js-line').length,"
+        " points: d.querySelectorAll('path.point').length}; }"
+    )
+    assert drawn is not None and drawn["x"] == drawn["y"] == "log"
+    assert drawn["lines"] >= 2 and drawn["points"] >= 1
+    visit.close()

@@ -161,12 +161,16 @@ def test_sarif_is_structurally_valid_2_1_0(report: Report) -> None:
         assert rule["defaultConfiguration"]["level"] in ("note", "warning", "error")
     assert len(run["results"]) == len(report.groups)
     uri = run["artifacts"][0]["location"]["uri"]
-    for result in run["results"]:
+    for result, group in zip(run["results"], report.groups, strict=True):
         assert driver["rules"][result["ruleIndex"]]["id"] == result["ruleId"]
         assert result["level"] in ("none", "note", "warning", "error")
         assert result["message"]["text"]
         (location,) = result["locations"]
-        assert location["physicalLocation"]["artifactLocation"]["uri"] == uri
+        source = group.first.source  # the line that issued the ops, else the trace file
+        physical = location["physicalLocation"]
+        assert physical["artifactLocation"]["uri"] == (source["file"] if source else uri)
+        if source:
+            assert physical["region"]["startLine"] == source["line"] >= 1
         for logical in location.get("logicalLocations", []):
             assert logical["kind"] in ("module", "function")
         assert re.fullmatch(r"[0-9a-f]{32}", result["partialFingerprints"]["traceqKey/v1"])

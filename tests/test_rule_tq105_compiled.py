@@ -17,7 +17,7 @@ from conftest import corpus_paths
 
 import traceq
 from traceq.relations.dataflow import dataflow
-from traceq.relations.execution_trace import load_execution_trace, tensor_edges
+from traceq.relations.dataflow.execution_trace import load_execution_trace, tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 from traceq.rules.tq105_parallel_gemms import after_argless_ops
@@ -25,7 +25,7 @@ from traceq.rules.tq105_parallel_gemms import after_argless_ops
 
 def _findings(exact: bool) -> set[frozenset[int]]:
     kineto, et = corpus_paths("llama_compiled")
-    trace = traceq.load(kineto)
+    trace = traceq.load(kineto, execution_trace=False)
     if exact:
         frame = load_execution_trace(et)
         trace.__dict__["dataflow"] = dataflow(trace, trace.dataflow_ops, execution_trace=frame)
@@ -87,7 +87,7 @@ def test_extern_calls_read_nothing_made_before_a_kernel_that_ran_since() -> None
     one the trace cannot support. Every inferred edge into the graph's extern calls comes
     from the op or kernel right before, or is the ET's own (tensor ids)."""
     kineto, et_path = corpus_paths("llama_compiled")
-    trace = traceq.load(kineto)
+    trace = traceq.load(kineto, execution_trace=False)
     ops = trace.dataflow_ops.sort("ts_ns", "event")
     order = {e: i for i, e in enumerate(ops["event"].to_list())}
     argless = ops.filter(pl.col("input_dims").is_null())["event"].to_list()

@@ -20,7 +20,7 @@ from conftest import FIXTURES, gpu_fixture, read_json, write_json
 
 import traceq
 from traceq.analyze import analyze
-from traceq.rules.device import gpu_model
+from traceq.perf.device import gpu_model
 
 ADAM = FIXTURES / "mlp_gelu-train_adam.pt.trace.json.gz"
 WINDOW = "Optimizer.step#Adam.step"
@@ -45,7 +45,7 @@ def raw() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def a100() -> traceq.rules.device.DeviceModel:
+def a100() -> traceq.perf.device.DeviceModel:
     return gpu_model(read_json(gpu_fixture("hta-alexnet-a100"))["deviceProperties"][0])
 
 

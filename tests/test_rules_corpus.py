@@ -19,7 +19,7 @@ from conftest import CORPUS, corpus_et, corpus_paths, corpus_trace
 
 import traceq
 from traceq.relations.dataflow import dataflow
-from traceq.relations.execution_trace import tensor_edges
+from traceq.relations.dataflow.execution_trace import tensor_edges
 from traceq.rules.config import Config
 from traceq.rules.engine import run
 

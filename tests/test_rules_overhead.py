@@ -493,15 +493,18 @@ def test_tq301_finds_fp32_simt_gemms_on_a_tensor_core_gpu(load_shared, raw_of) -
         "volta_sgemm_128x64_nn",
         "volta_sgemm_128x128_nt",
     }
-    # RTX 2080 Ti: fp16 tensor cores (26.9 TFLOPS with fp32 accumulate) vs fp32 13.4
-    ratio = 26.9 / 13.4
+    # RTX 2080 Ti: fp16 tensor cores (53.8 TFLOPS with fp32 accumulate, the Turing
+    # whitepaper) vs fp32 13.4: 4.01x, capped at max_speedup 4
+    ratio = min(53.8 / 13.4, 4.0)
     for name, finding in by_kernel.items():
         launches = raw.where(lambda e, n=name: e.get("name") == n)
         time = sum(raw.dur(k) for k in launches) / 1000
+        # no launch of these is stalled (over 4x its site's median): all count as measured
+        typical = time
         assert sorted(finding.kernels) == sorted(launches)
         assert finding.time_us == pytest.approx(time)
         # no shapes recorded: no memory floor, the peak ratio alone
-        assert finding.est_saving_us == pytest.approx(time - time / ratio)
+        assert finding.est_saving_us == pytest.approx(typical - typical / ratio)
         assert finding.dtype == "fp32"
         assert "autocast" in finding.fix
 

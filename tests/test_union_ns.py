@@ -8,7 +8,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traceq.relations.breakdown import union_ns
+from traceq.relations.intervals import union_ns
 
 _INTERVAL = st.tuples(
     st.integers(0, 2),  # step

@@ -2,6 +2,7 @@
 
 import os as _os
 import sys as _sys
+import typing as _typing
 
 if "polars" not in _sys.modules:
     # Polars' allocator (jemalloc) keeps freed pages 0.5 s, then 1 s more as MADV_FREE pages
@@ -30,10 +31,21 @@ from traceq.errors import (
     TraceTooLargeError,
 )
 from traceq.pipeline import load
+from traceq.rules.analysis import Analysis
+from traceq.rules.finding import Finding
 from traceq.trace import Trace
+from traceq.version import __version__
 
-__version__ = "0.1.0"
+if _typing.TYPE_CHECKING:  # imported when used (`__getattr__`); named here for type checkers
+    from traceq.job import load_job
+    from traceq.job_analysis import analyze_job
+    from traceq.recording import profile
+    from traceq.relations.critical_path import CriticalPath
+
 __all__ = [
+    "Analysis",
+    "CriticalPath",
+    "Finding",
     "Trace",
     "TraceError",
     "TraceFileError",
@@ -47,13 +59,15 @@ __all__ = [
     "diff",
     "load",
     "load_job",
+    "profile",
     "report",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """`traceq.diff`, `traceq.check`, `traceq.report`, `traceq.load_job`: their stacks (the
-    regression stack, plotly, jobs) are imported when used."""
+    """`traceq.diff`, `traceq.check`, `traceq.report`, `traceq.load_job`, `traceq.profile`,
+    `traceq.CriticalPath`: their stacks (the regression stack, plotly, jobs, torch, scipy)
+    are imported when used."""
     if name in ("diff", "check", "save_baseline", "load_baseline"):
         import traceq.regression as regression
 
@@ -70,4 +84,16 @@ def __getattr__(name: str) -> object:
         from traceq.job_analysis import analyze_job
 
         return analyze_job
+    if name == "CriticalPath":  # scipy is imported only when a path is asked for
+        from traceq.relations.critical_path import CriticalPath
+
+        return CriticalPath
+    if name in ("profile", "profiler_options"):  # torch is imported only when recording
+        import traceq.recording as recording
+
+        return getattr(recording, name)
+    if name == "roofline":  # the performance model: FLOPs, bytes, roofs per op
+        from traceq.perf.roofline import roofline
+
+        return roofline
     raise AttributeError(f"module 'traceq' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`analyze(trace)`: run the rule catalogue on a loaded trace and return its findings.
+"""`analyze(trace)`: run the rule catalogue on a loaded trace and return its `Analysis`.
 
 The Python face of `traceq analyze`: the same selection and thresholds as the CLI, given
 as arguments instead of flags. Configuration files are read only when asked (`config=`
@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from traceq.rules.config import Config, load_config
 from traceq.rules.engine import Analysis, run
-from traceq.rules.finding import Finding
 
 if TYPE_CHECKING:
-    from traceq.rules.device import DeviceModel
+    from traceq.perf.device import DeviceModel
     from traceq.trace import Trace
 
 ConfigLike = Config | Mapping[str, Any] | str | Path | None
@@ -30,8 +29,11 @@ def analyze(
     *,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     device: DeviceModel | None = None,
-) -> list[Finding]:
-    """Findings of the selected rules, largest estimated saving first.
+) -> Analysis:
+    """The findings of the selected rules, largest estimated saving first, as an `Analysis`:
+    a sequence of `Finding`s (iterate, index, compare with a list) with `groups`,
+    `summary`, `total_saving_us` (each µs counted once) and the time it is a share of
+    (`share_of`), `notices` (what the trace lacks), and `to_polars()`.
 
     `select` / `ignore`: rule codes or prefixes (`"TQ1"`, `["TQ201", "TQ3"]`); `config`: a
     `Config`, the `[tool.traceq]` table as a dict, or the path of a `traceq.toml` /
@@ -41,7 +43,7 @@ def analyze(
     """
     return analysis(
         trace, select=select, ignore=ignore, config=config, options=options, device=device
-    ).findings
+    )
 
 
 def analysis(
@@ -53,8 +55,8 @@ def analysis(
     options: Mapping[str, Mapping[str, Any]] | None = None,
     device: DeviceModel | None = None,
 ) -> Analysis:
-    """Like `analyze`, with what a report needs besides the findings: the rules that ran,
-    the device model, per-rule timings and plugin problems."""
+    """`analyze` by its older name (the same `Analysis`: the rules that ran, the device
+    model, per-rule timings and plugin problems beside the findings)."""
     base = as_config(config)
     merged = base.merged(
         select=_codes(select),

@@ -25,3 +25,8 @@ class TraceSchemaError(TraceError):
 
 class TraceTooLargeError(TraceFileError):
     """Decompression would exceed the configured limit (a gzip bomb or a mislabelled file)."""
+
+
+class ConfigError(TraceError):
+    """Configuration names a rule, option or value traceq does not know (a `traceq.toml`,
+    `[tool.traceq]`, or the same given as arguments)."""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from traceq.analyze import ConfigLike, as_config
 from traceq.job.job import Job, JobFrames, reduce_summaries
 from traceq.job.summary import summarize
+from traceq.rules.engine import run_job_rules
 from traceq.rules.finding import Finding
-from traceq.rules.jobs import run_job_rules
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -58,7 +58,7 @@ def rank_work(
     trace = load_for_map(task.path, rules=trace_rules, cache=task.cache)
     summary = summarize(trace, task.rank, task.rank_source)
     if not trace_rules:
-        from traceq.rules.device import device_model
+        from traceq.perf.device import device_model
 
         model = device_model(trace).with_overrides(dict(config.device))
         summary.extra["device"] = model.to_dict()

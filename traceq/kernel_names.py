@@ -397,11 +397,21 @@ def _xmma(name: str, short: str) -> KernelName | None:
         category="conv" if conv else "gemm",
         arch=arch,
         dtype=dtype,
-        tensor_core=dtype in ("bf16", "fp16", "tf32", "fp8", "int8") or None,
+        # `f32f32_f32f32_f32` operands are computed with FFMA on the CUDA cores (the names
+        # often end `_ffma`); a TF32 tensor-core kernel says `tf32` in its types.
+        tensor_core=_xmma_tensor_core(dtype, short),
         tile="x".join(tile.groups()) if tile else None,
         layout=None if conv else _layout(short),
         epilogue=_epilogue(short.split("tilesize")[0]),
     )
+
+
+def _xmma_tensor_core(dtype: str | None, short: str) -> bool | None:
+    if dtype in ("bf16", "fp16", "tf32", "fp8", "int8"):
+        return True
+    if dtype == "fp32" or re.search(r"_ffma(?:_|$)", short):
+        return False
+    return None
 
 
 def _nvjet(name: str, short: str) -> KernelName | None:
@@ -451,14 +461,23 @@ def _cublas_plain(name: str, short: str) -> KernelName | None:
     cuDNN (`volta_scudnn_...`, `cudnn::...`), and cuBLAS helpers (splitK, gemv, epilogue)."""
     arch = _arch(short)
     if re.search(r"(implicit|explicit)_convolve_sgemm", short):
-        return KernelName(name, library="cudnn", category="conv", dtype=_cxx_dtype(name))
+        dtype = _cxx_dtype(name)
+        return KernelName(
+            name, library="cudnn", category="conv", dtype=dtype, tensor_core=_simt(dtype)
+        )
     if "scudnn" in short or "hcudnn" in short or re.match(r"(void )?cudnn", name):
+        # cuDNN's own fp32 kernels (`volta_scudnn_*`, `cudnn::cnn::wgrad_alg0_engine<float>`,
+        # winograd, `dgrad_engine`) run on the CUDA cores; its tensor-core convolutions are
+        # xmma / CUTLASS / `*_s884cudnn_*` kernels, decoded elsewhere.
+        category = _cudnn_category(name)
+        dtype = _type_in(short) or ("fp32" if "scudnn" in short else _cxx_dtype(name))
         return KernelName(
             name,
             library="cudnn",
-            category=_cudnn_category(name),
+            category=category,
             arch=arch,
-            dtype=_type_in(short) or ("fp32" if "scudnn" in short else _cxx_dtype(name)),
+            dtype=dtype,
+            tensor_core=_simt(dtype) if category == "conv" and "cudnn" in short else None,
             epilogue=_epilogue(short),
         )
     if arch and re.search(r"gemm|gemv", short):
@@ -505,6 +524,11 @@ def _cublas_plain(name: str, short: str) -> KernelName | None:
             name, library="cublasLt" if lt else "cublas", category="gemm", dtype=_cxx_dtype(name)
         )
     return None
+
+
+def _simt(dtype: str | None) -> bool | None:
+    """False (CUDA cores) for a cuDNN fp32 convolution kernel, else unknown."""
+    return False if dtype == "fp32" else None
 
 
 def _cudnn_category(name: str) -> str:

@@ -1,200 +1,83 @@
-"""`Trace`: one loaded profile — its frames, its metadata, and the questions asked most."""
+"""`Trace`: one loaded profile — its frames and metadata (`LoadedTrace`), the relations
+computed from them on first use, and the questions asked most."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from traceq.errors import TraceError
+from traceq.loader.loaded import LoadedTrace, Selectable
 from traceq.relations.launches import LAUNCH_API
 
+if TYPE_CHECKING:
+    from traceq.relations.critical_path import CriticalPath, Region
 
-@runtime_checkable
-class Selectable(Protocol):
-    """Frames that can give some columns without decoding the rest (`loader.cache.Stored`)."""
+__all__ = ["DataflowSource", "Selectable", "Trace"]
 
-    def select(self, name: str, columns: Sequence[str]) -> pl.DataFrame: ...
+_UNUSABLE_ET = (TraceError, OSError, ValueError, TypeError, KeyError, pl.exceptions.PolarsError)
+"""What reading or pairing an Execution Trace that is not this
+trace's (edited, truncated, of another run) may raise; data flow is then inferred."""
 
 
-class Trace:
-    """A loaded trace. Frames are Polars DataFrames; `events` holds every raw event + `args`.
+@dataclass(frozen=True)
+class DataflowSource:
+    """Which data flow `Trace.dataflow` gave: exact from an Execution Trace (`paired` of
+    `ops` data-flow ops made exact, the rest inferred), or inferred from shapes and order
+    (`problem`: why the Execution Trace given or beside the trace could not be used)."""
 
-    `events` and `frames` are what a cold load built, or, for a cached trace, a function
-    giving the events frame and a mapping that decodes each frame when first used
-    (`loader.cache.Stored`): a command pays only for the frames it reads. The questions
-    below (`schema`, `unlinked`, `gpu_busy`, ...) ask `select` for the columns they use.
-    """
+    execution_trace: str | None = None
+    paired: int = 0
+    ops: int = 0
+    problem: str | None = None
 
-    def __init__(
-        self,
-        source: str,
-        metadata: dict[str, Any],
-        events: pl.DataFrame | Callable[[], pl.DataFrame],
-        frames: Mapping[str, pl.DataFrame],
-    ) -> None:
-        self.source = source
-        self.metadata = metadata
-        self.frames = frames
-        self._events = events
+    @property
+    def exact(self) -> bool:
+        return self.execution_trace is not None and self.problem is None
 
-    @cached_property
-    def events(self) -> pl.DataFrame:
-        return self._events if isinstance(self._events, pl.DataFrame) else self._events()
+    def __str__(self) -> str:
+        if self.exact:
+            return f"exact from {self.execution_trace} ({self.paired:,} of {self.ops:,} ops paired)"
+        if self.problem is not None:
+            return f"inferred: {self.problem}"
+        return "inferred from shapes and order"
 
-    def __getstate__(self) -> dict[str, Any]:
-        """A pickled trace (a process pool's argument) carries its frames decoded: a cached
-        trace's reader, and the file it would rebuild from, stay in this process."""
+    def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source,
-            "metadata": self.metadata,
-            "frames": {name: self.frames[name] for name in self.frames},
-            "_events": self.events,
+            "kind": "exact" if self.exact else "inferred",
+            "execution_trace": self.execution_trace,
+            "paired_ops": self.paired,
+            "ops": self.ops,
+            "problem": self.problem,
+            "text": str(self),
         }
 
-    def select(self, name: str, *columns: str) -> pl.DataFrame:
-        """Frame `name` ("events", "ops", "kernels", ...) with only `columns`: on a cached
-        trace only those columns are decoded (5 of the 20 event columns of a 2.16M-event
-        trace are 60 MB of its 340 MB)."""
-        if isinstance(self.frames, Selectable):
-            return self.frames.select(name, columns)
-        return (self.events if name == "events" else self.frames[name]).select(columns)
 
-    def __repr__(self) -> str:
-        """One line, whatever the trace holds: `metadata` often carries the recording
-        machine's pip list and environment variables (tokens among them), so `print(trace)`
-        and a notebook cell show counts, and the metadata stays one attribute away."""
-        devices = self.select("kernels", "device")["device"].drop_nulls().unique().sort()
-        on = f"device{'s' * (len(devices) > 1)} {', '.join(map(str, devices))}"
-        rank = "" if self.rank is None else f", rank {self.rank} of {self.world_size or '?'}"
-        events = self.select("events", "event").height
-        steps = self.select("steps", "step").height
-        return (
-            f"<Trace {self.source}: {_count(events, 'event')}, {_count(steps, 'step')}, "
-            f"{on if len(devices) else 'CPU only'}{rank}>"
-        )
+MIN_PAIRED = 0.5
+"""The share of the trace's ops an Execution Trace must pair to be taken as its own: every
+corpus pair reaches 0.56 (a compiled graph's kernels have no ET node) to 1.0, another
+run's ET of a similar model paired 0.08 (`inplace`'s beside `gpt2`)."""
 
-    # -- frames -----------------------------------------------------------------------
-    @property
-    def ops(self) -> pl.DataFrame:
-        return self.frames["ops"]
 
-    @property
-    def kernels(self) -> pl.DataFrame:
-        return self.frames["kernels"]
+class Trace(LoadedTrace):
+    """A loaded trace, with its relations (data flow, graph, critical path) built on first
+    use and the questions asked most (`sql`, `kernels_of`, `step_times`, `gpu_busy`, ...).
 
-    @property
-    def runtime(self) -> pl.DataFrame:
-        return self.frames["runtime"]
+    `execution_trace_file`: the Execution Trace `traceq.load` found beside the trace (or was
+    given); `dataflow` reads it when first asked for and is exact for the ops it pairs."""
 
-    @property
-    def annotations(self) -> pl.DataFrame:
-        return self.frames["annotations"]
+    execution_trace_file: Path | None = None
+    dataflow_source: DataflowSource | None = None
+    """Which data flow `dataflow` gave; None until it is first asked for."""
 
-    @property
-    def steps(self) -> pl.DataFrame:
-        return self.frames["steps"]
-
-    @property
-    def python(self) -> pl.DataFrame:
-        return self.frames["python"]
-
-    @property
-    def modules(self) -> pl.DataFrame:
-        return self.frames["modules"]
-
-    @property
-    def flows(self) -> pl.DataFrame:
-        return self.frames["flows"]
-
-    @property
-    def syncs(self) -> pl.DataFrame:
-        return self.frames["syncs"]
-
-    @property
-    def counters(self) -> pl.DataFrame:
-        return self.frames["counters"]
-
-    @property
-    def instants(self) -> pl.DataFrame:
-        return self.frames["instants"]
-
-    @property
-    def threads(self) -> pl.DataFrame:
-        return self.frames["threads"]
-
-    @property
-    def other(self) -> pl.DataFrame:
-        return self.frames["other"]
-
-    def with_args(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """`frame` with the raw `args` JSON of each row's event joined back on."""
-        return frame.join(self.events.select("event", "args"), on="event", how="left")
-
-    # -- metadata ---------------------------------------------------------------------
-    @property
-    def schema(self) -> str:
-        """'kineto' (today's categories), 'kineto-2021' (Operator/Kernel/Runtime) or 'chrome'."""
-        cats = set(self.select("events", "cat")["cat"].drop_nulls().unique().to_list())
-        if cats & {"cpu_op", "kernel", "cuda_runtime", "user_annotation", "python_function"}:
-            return "kineto"
-        if cats & {"Operator", "Kernel", "Runtime", "Memcpy", "Memset"}:
-            return "kineto-2021"
-        return "chrome"
-
-    @property
-    def schema_version(self) -> Any:
-        return self.metadata.get("schemaVersion")
-
-    @property
-    def device_properties(self) -> list[dict[str, Any]]:
-        props = self.metadata.get("deviceProperties")
-        return props if isinstance(props, list) else []
-
-    @property
-    def distributed(self) -> dict[str, Any]:
-        info = self.metadata.get("distributedInfo")
-        return info if isinstance(info, dict) else {}
-
-    @property
-    def rank(self) -> int | None:
-        return self.distributed.get("rank")
-
-    @property
-    def world_size(self) -> int | None:
-        return self.distributed.get("world_size")
-
-    @property
-    def base_time_ns(self) -> int | None:
-        return self.metadata.get("baseTimeNanoseconds")
-
-    @property
-    def trace_id(self) -> str | None:
-        return self.metadata.get("trace_id")
-
-    @property
-    def versions(self) -> dict[str, Any]:
-        """CUDA/ROCm/CUPTI versions the profiler wrote at the top level."""
-        keys = [k for k in self.metadata if k.endswith("_version")]
-        return {k: self.metadata[k] for k in sorted(keys)}
-
-    def device_name(self, device: int = 0) -> str | None:
-        """The GPU's name from `deviceProperties`.
-
-        ROCm traces may number devices differently in events (`device` 2) and properties
-        (`id` 0); when the trace describes one device and its activities ran on one, they
-        are the same device.
-        """
-        props = self.device_properties
-        for prop in props:
-            if prop.get("id") == device:
-                return prop.get("name")
-        used = self.select("kernels", "device")["device"].drop_nulls().unique()
-        if len(props) == 1 and used.len() == 1 and used[0] == device:
-            return props[0].get("name")
-        return None
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled trace keeps the Execution Trace it reads its data flow from."""
+        return {**super().__getstate__(), "execution_trace_file": self.execution_trace_file}
 
     # -- relations (built on first use) ---------------------------------------------------
     @cached_property
@@ -206,16 +89,51 @@ class Trace:
 
     @cached_property
     def dataflow(self) -> pl.DataFrame:
-        """Inferred producer -> consumer edges between `dataflow_ops` (`relations.dataflow`)."""
-        from traceq.relations.dataflow import dataflow
+        """Producer -> consumer edges between `dataflow_ops` (`relations.dataflow`): inferred,
+        or, with an `execution_trace_file`, exact for the ops it pairs (`with_execution_trace`).
+        An Execution Trace that cannot be read or pairs no op leaves the inferred edges, and
+        `dataflow_source` says why: analysis goes on either way."""
+        from traceq.relations.dataflow import inferred_edges
+        from traceq.relations.dataflow.execution_trace import (
+            load_execution_trace,
+            replaced_and_paired,
+        )
 
-        return dataflow(self, self.dataflow_ops)
+        ops = self.dataflow_ops
+        edges = inferred_edges(self, ops)
+        path = self.execution_trace_file
+        if path is None:
+            self.dataflow_source = DataflowSource(ops=ops.height)
+            return edges
+        name = path.name
+        try:
+            et = load_execution_trace(path)
+            exact, paired = replaced_and_paired(edges, self, et, ops)
+        except _UNUSABLE_ET as exc:  # the ET is a companion: a broken one costs exactness only
+            problem = str(exc) if isinstance(exc, TraceError) else f"{type(exc).__name__}: {exc}"
+            self.dataflow_source = DataflowSource(
+                name, ops=ops.height, problem=f"{name} unusable ({_first_line(problem, name)})"
+            )
+            return edges
+        if paired.len() == 0:
+            self.dataflow_source = DataflowSource(
+                name, ops=ops.height, problem=f"{name} pairs none of the trace's ops"
+            )
+            return edges
+        if paired.len() < MIN_PAIRED * ops.height:  # another run's ET pairs a few ops by name
+            self.dataflow_source = DataflowSource(
+                name,
+                ops=ops.height,
+                problem=f"{name} pairs only {paired.len()} of {ops.height} ops: another run's?",
+            )
+            return edges
+        self.dataflow_source = DataflowSource(name, paired.len(), ops.height)
+        return exact
 
     def with_execution_trace(self, src: str | os.PathLike[str]) -> pl.DataFrame:
         """Data-flow edges made exact by an Execution Trace recorded beside this trace:
         ops the ET pairs with get tensor-id edges; the others keep inferred ones."""
-        from traceq.relations.dataflow import dataflow
-        from traceq.relations.execution_trace import load_execution_trace
+        from traceq.relations.dataflow import dataflow, load_execution_trace
 
         return dataflow(self, self.dataflow_ops, execution_trace=load_execution_trace(src))
 
@@ -226,8 +144,17 @@ class Trace:
 
         return build_graph(self)
 
-    def critical_path(self, region: Any = None) -> Any:
-        """The critical path of the whole trace or a region (step, annotation, or window)."""
+    @cached_property
+    def roofline(self) -> pl.DataFrame:
+        """Per op: FLOPs, bytes, achieved rates and % of the device's roofs, and what bounds
+        it (`traceq.perf.roofline`; the device from `deviceProperties`)."""
+        from traceq.perf.roofline import roofline  # numpy with it: not for `traceq info`
+
+        return roofline(self, ops=self.dataflow_ops)
+
+    def critical_path(self, region: Region = None) -> CriticalPath:
+        """The critical path of the whole trace or a region: a step number, an annotation
+        name, (name, instance) or (start_ns, end_ns) (see `relations.critical_path`)."""
         from traceq.relations.critical_path import critical_path
 
         return critical_path(self, region)
@@ -242,9 +169,15 @@ class Trace:
         launches = runtime.filter(
             pl.col("name").str.contains(LAUNCH_API) & pl.col("correlation").is_not_null()
         )
+        no_op = pl.col("op_event").is_null()
+        if "captures" in self.frames:  # graph replays attributed: their op is the capture's
+            no_op &= pl.col("capture_op_event").is_null()
+            kernels = self.select(
+                "kernels", "runtime_event", "op_event", "correlation", "capture_op_event"
+            )
         counts = {
             "kernels_without_launch": kernels.filter(pl.col("runtime_event").is_null()).height,
-            "kernels_without_op": kernels.filter(pl.col("op_event").is_null()).height,
+            "kernels_without_op": kernels.filter(no_op).height,
             "launches_without_kernel": launches.join(
                 kernels.select("correlation").unique(), on="correlation", how="anti"
             ).height,
@@ -346,6 +279,30 @@ class Trace:
             .sort("device")
         )
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: what the trace holds, one row each (never the metadata; the
+        source path escaped)."""
+        import html
+
+        steps = self.steps["step"].to_list() if self.steps.height else []
+        shown = ", ".join(map(str, steps[:8])) + (" …" if len(steps) > 8 else "")
+        rows = [
+            ("source", self.source),
+            ("schema", self.schema),
+            ("events", f"{self.events.height:,}"),
+            ("duration", f"{self.duration_ns / 1e3:,.1f} µs"),
+            ("ops", f"{self.ops.height:,}"),
+            ("GPU activities", f"{self.kernels.height:,}"),
+            ("steps", shown or "none"),
+            ("Python frames", f"{self.python.height:,}"),
+        ]
+        body = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+            for k, v in rows
+        )
+        return f"<div><b>Trace</b><table>{body}</table></div>"
+
     @property
     def duration_ns(self) -> int:
         """From the first event's start to the last event's end."""
@@ -357,5 +314,7 @@ class Trace:
         return int(timed.select(end - start).item() or 0)
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'s' * (n != 1)}"
+def _first_line(message: str, name: str) -> str:
+    """An error's message as one short clause: its first line, without the path it names."""
+    line = message.splitlines()[0] if message else "unreadable"
+    return line.split(f"{name}: ", 1)[-1][:200]

@@ -26,6 +26,16 @@ MODULES: tuple[str, ...] = (
     "traceq.zoo.mlp.reference",
     "traceq.zoo.mlp.triton",
     "traceq.zoo.mlp.compile",
+    "traceq.zoo.rms_norm.reference",
+    "traceq.zoo.rms_norm.triton",
+    "traceq.zoo.rms_norm.functional",
+    "traceq.zoo.rms_norm.compile",
+    "traceq.zoo.add_rms_norm.reference",
+    "traceq.zoo.add_rms_norm.triton",
+    "traceq.zoo.add_rms_norm.compile",
+    "traceq.zoo.rope.reference",
+    "traceq.zoo.rope.triton",
+    "traceq.zoo.rope.compile",
 )
 
 

@@ -39,7 +39,7 @@ from traceq.zoo.patterns import (
     dtype_name,
     flops,
     make_inputs,
-    output_shape,
+    output_shapes,
     validate_pattern,
     validate_shape,
 )
@@ -51,6 +51,7 @@ from traceq.zoo.registry import (
     cuda_available,
     discover,
     one_line,
+    pattern_act,
 )
 from traceq.zoo.timing import Timing, median_ms, throughput
 
@@ -208,9 +209,18 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _poison_allocator(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> None:
-    block = torch.full(shape, math.nan, dtype=dtype, device=device)
-    del block
+def _poison_allocator(shapes: tuple[tuple[int, ...], ...], dtype: torch.dtype, device: str) -> None:
+    blocks = [torch.full(shape, math.nan, dtype=dtype, device=device) for shape in shapes]
+    del blocks
+
+
+def outputs_of(result: object) -> tuple[torch.Tensor, ...]:
+    """An entry's result as a tuple of tensors (most patterns return one tensor)."""
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(result)
+    raise TypeError(f"an entry returned {type(result).__name__}, not tensors")
 
 
 def _run_case(
@@ -218,40 +228,51 @@ def _run_case(
     pattern: str,
     case: Case,
     inputs: tuple[torch.Tensor | None, ...],
-    expected: torch.Tensor,
+    expected: tuple[torch.Tensor, ...],
     act: str,
     dtype: torch.dtype,
     device: str,
     bound: float,
-) -> tuple[CaseResult, torch.Tensor | None]:
+) -> tuple[CaseResult, tuple[torch.Tensor, ...] | None]:
+    """One entry on one case. A pattern with several outputs (add_rms_norm's normalized sum
+    and sum, rope's q and k) gets one NaN buffer per output (``out=`` a tuple) and its
+    error is the largest of its outputs'."""
     label = case.problem.label(pattern)
     saved = [t.clone() if t is not None else None for t in inputs]
-    shape = output_shape(pattern, case)
+    shapes = output_shapes(pattern, case)
     try:
         if entry.out_fn is not None:
-            out = torch.full(shape, math.nan, dtype=dtype, device=device)
-            result = entry.out_fn(*inputs, act, out=out)
-            if result.data_ptr() != out.data_ptr():
+            buffers = tuple(torch.full(s, math.nan, dtype=dtype, device=device) for s in shapes)
+            out = buffers[0] if len(buffers) == 1 else buffers
+            results = outputs_of(entry.out_fn(*inputs, act, out=out))
+            if len(results) != len(buffers) or any(
+                r.data_ptr() != b.data_ptr() for r, b in zip(results, buffers, strict=True)
+            ):
                 raise RuntimeError("out_fn returned a tensor other than out")
         else:
-            _poison_allocator(shape, dtype, device)
-            result = entry.fn(*inputs, act)
+            _poison_allocator(shapes, dtype, device)
+            results = outputs_of(entry.fn(*inputs, act))
         _synchronize(device)
     except Exception as error:  # any failure of the entry is a failed case, not a crash
         return CaseResult(case.name, label, None, bound, False, one_line(error)), None
     for before, after in zip(saved, inputs, strict=True):
         if before is not None and after is not None and not torch.equal(before, after):
             return CaseResult(case.name, label, None, bound, False, "modified its inputs"), None
-    if tuple(result.shape) != shape:
-        error = f"output shape {tuple(result.shape)}, expected {shape}"
+    if len(results) != len(shapes):
+        error = f"{len(results)} outputs, expected {len(shapes)}"
         return CaseResult(case.name, label, None, bound, False, error), None
-    if result.dtype != dtype:
-        error = f"output dtype {result.dtype}, expected {dtype}"
-        return CaseResult(case.name, label, None, bound, False, error), None
-    rel = relative_error(result, expected)
+    for result, shape in zip(results, shapes, strict=True):
+        if tuple(result.shape) != shape:
+            error = f"output shape {tuple(result.shape)}, expected {shape}"
+            return CaseResult(case.name, label, None, bound, False, error), None
+        if result.dtype != dtype:
+            error = f"output dtype {result.dtype}, expected {dtype}"
+            return CaseResult(case.name, label, None, bound, False, error), None
+    errors = [relative_error(r, e) for r, e in zip(results, expected, strict=True)]
+    rel = math.nan if any(math.isnan(e) for e in errors) else max(errors)
     passed = math.isfinite(rel) and rel <= bound
     error = None if passed else ("non-finite output" if math.isnan(rel) else "error above bound")
-    return CaseResult(case.name, label, rel, bound, passed, error), result
+    return CaseResult(case.name, label, rel, bound, passed, error), results
 
 
 def _select(zoo: Zoo, pattern: str, select: Collection[str] | None) -> list[Entry]:
@@ -288,12 +309,13 @@ def check(
     """Check every applicable entry of ``pattern`` against float64, then time the main case.
 
     ``select`` keeps entries whose name or impl is in it (the reference always runs: it is
-    the baseline of the timings). ``timing=False`` checks numerics only.
+    the baseline of the timings). ``timing=False`` checks numerics only. A pattern with no
+    activation (`traceq.zoo.registry.NO_ACTIVATION`) runs with act "none", whatever ``act``.
     """
     pattern = validate_pattern(pattern)
     shape = validate_shape(tuple(shape))
     dtype = dtype_name(dtype)
-    act = validate_activation(act)
+    act = pattern_act(pattern, validate_activation(act))
     if device not in DEVICES:
         raise ZooUsageError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
     if device == "cuda" and not cuda_available():
@@ -324,7 +346,7 @@ def check(
         for case in plan:
             inputs = make_inputs(pattern, case, torch_dtype, device, generator)
             inputs64 = tuple(t.to(torch.float64) if t is not None else None for t in inputs)
-            expected = reference.fn(*inputs64, act)
+            expected = outputs_of(reference.fn(*inputs64, act))
             reference_ms: float | None = None
             for entry in runnable:
                 result, _ = _run_case(

@@ -22,6 +22,9 @@ ROW_ARGUMENTS: dict[str, tuple[int, ...]] = {
     "glu": (0, 1),
     "dual_gemm_glu": (0,),
     "mlp": (0,),
+    "rms_norm": (0,),
+    "add_rms_norm": (0, 1),
+    "rope": (),  # [B, heads, S, head_dim]: the layout is the problem, nothing to flatten
 }
 
 
@@ -49,13 +52,17 @@ class CompiledReference:
             self._compiled = torch.compile(self.reference)
         return self._compiled
 
-    def __call__(self, *args: Any) -> torch.Tensor:
+    def __call__(self, *args: Any) -> Any:
+        if not self.row_arguments:
+            return self.compiled(*args)
         first = args[self.row_arguments[0]]
         rows = first.shape[:-1]
         flat = list(args)
         for i in self.row_arguments:
             flat[i] = args[i].reshape(-1, args[i].shape[-1])
         out = self.compiled(*flat)
+        if isinstance(out, tuple):  # several outputs (add_rms_norm): each has the rows
+            return tuple(o.reshape(*rows, o.shape[-1]) for o in out)
         return out.reshape(*rows, out.shape[-1])
 
 

@@ -9,6 +9,15 @@ output (hidden) features. Per pattern, an entry is called as
 - ``mlp(x[..., K], w_gate[N, K] | None, w_up[N, K], b_up[N] | None, w_down[K, N],
   b_down[K] | None, act) -> [..., K]``: ``w_gate`` None is the Linear->act->Linear MLP
   (with biases), given it is the bias-free GLU MLP ``down(act(gate) * up)``.
+- ``rms_norm(x[..., N], weight[N], act) -> [..., N]`` (K is unused; act is always "none")
+- ``add_rms_norm(x[..., N], residual[..., N], weight[N], act) -> ([..., N], [..., N])``: the
+  normalized sum and the sum itself (the residual stream goes on), as vLLM's
+  ``fused_add_rms_norm`` computes them
+- ``rope(q[B, K, S, N], k[B, K, S, N], cos[B, S, N], sin[B, S, N], act) -> (q_embed,
+  k_embed)``: HF's ``apply_rotary_pos_emb`` layout, M = B·S tokens (the leading row dims
+  are B and S; one row dim is B = 1), K heads of head dim N; q and k are HF's
+  ``view(B, S, K, N).transpose(1, 2)`` of a projection (strided), cos and sin
+  ``cat(freqs, freqs)`` halves as HF's rotary embedding builds them
 
 Weights use ``nn.Linear``'s [out, in] layout, so a finding's module maps onto them as is.
 Every check also runs a shape that is not a multiple of any block size and a 3-D input,
@@ -99,8 +108,10 @@ class Problem:
 
     def label(self, pattern: str) -> str:
         rows = "×".join(str(r) for r in self.rows)
-        if pattern == "glu":
+        if pattern in ("glu", "rms_norm", "add_rms_norm"):
             return f"{rows}×{self.n}"
+        if pattern == "rope":
+            return f"{rows} tokens×{self.k} heads×{self.n}"
         return f"{rows}×{self.k}→{self.n}"
 
 
@@ -195,6 +206,22 @@ def make_inputs(
             put(_randn((n, k), generator, k**-0.5)),
             put(_randn((n, k), generator, k**-0.5)),
         )
+    if pattern == "rms_norm":
+        return put(_randn((*rows, n), generator)), put(1.0 + _randn((n,), generator, 0.1))
+    if pattern == "add_rms_norm":
+        return (
+            put(_randn((*rows, n), generator)),
+            put(_randn((*rows, n), generator)),
+            put(1.0 + _randn((n,), generator, 0.1)),
+        )
+    if pattern == "rope":
+        batch, seq = rope_batch_seq(rows)
+        q = put(_randn((batch, seq, k, n), generator)).transpose(1, 2)
+        key = put(_randn((batch, seq, k, n), generator)).transpose(1, 2)
+        # HF's cos/sin: emb = cat(freqs, freqs), so position i and i + N/2 share an angle
+        freqs = _randn((batch, seq, (n + 1) // 2), generator, 3.0)
+        emb = torch.cat((freqs, freqs), dim=-1)[..., :n]
+        return q, key, put(emb.cos()), put(emb.sin())
     if pattern == "mlp":
         x = put(_randn((*rows, k), generator))
         w_up = put(_randn((n, k), generator, k**-0.5))
@@ -208,13 +235,34 @@ def make_inputs(
     raise UnknownPattern(f"unknown pattern {pattern!r}")
 
 
-def output_shape(pattern: str, case: Case) -> tuple[int, ...]:
+def rope_batch_seq(rows: tuple[int, ...]) -> tuple[int, int]:
+    """B and S of a rope problem's row dims: (S,) is one sequence, (B, S) a batch."""
+    if len(rows) == 1:
+        return 1, rows[0]
+    return math.prod(rows[:-1]), rows[-1]
+
+
+def output_shapes(pattern: str, case: Case) -> tuple[tuple[int, ...], ...]:
+    """Every output's shape, in the order an entry returns them (most return one)."""
     p = case.problem
-    return (*p.rows, p.k) if pattern == "mlp" else (*p.rows, p.n)
+    if pattern == "mlp":
+        return ((*p.rows, p.k),)
+    if pattern == "add_rms_norm":
+        return ((*p.rows, p.n), (*p.rows, p.n))
+    if pattern == "rope":
+        batch, seq = rope_batch_seq(p.rows)
+        return ((batch, p.k, seq, p.n), (batch, p.k, seq, p.n))
+    return ((*p.rows, p.n),)
+
+
+def output_shape(pattern: str, case: Case) -> tuple[int, ...]:
+    """The (first) output's shape."""
+    return output_shapes(pattern, case)[0]
 
 
 def flops(pattern: str, case: Case) -> int | None:
-    """Multiply-add work of the GEMMs (2 per MAC); None for the pointwise GLU."""
+    """Multiply-add work of the GEMMs (2 per MAC); None for the memory-bound patterns (GLU,
+    the norms, RoPE)."""
     m, k, n = case.problem.m, case.problem.k, case.problem.n
     if pattern == "gemm_bias_act":
         return 2 * m * k * n
@@ -238,6 +286,12 @@ def bytes_moved(pattern: str, case: Case, itemsize: int) -> int:
         elements = 3 * m * n
     elif pattern == "dual_gemm_glu":
         elements = m * k + 2 * n * k + m * n
+    elif pattern == "rms_norm":
+        elements = 2 * m * n + n
+    elif pattern == "add_rms_norm":
+        elements = 4 * m * n + n
+    elif pattern == "rope":
+        elements = 4 * m * k * n + 2 * m * n
     elif pattern == "mlp":
         if case.variant == "gated":
             elements = m * k + 3 * n * k + m * k

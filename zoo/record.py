@@ -11,6 +11,7 @@ call wrapped in a ``zoo:<entry>`` range so it can be found by name.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,14 @@ from traceq.zoo.check import matmul_precision
 from traceq.zoo.errors import ZooUsageError
 from traceq.zoo.patterns import TORCH_DTYPES, Case, Problem, dtype_name, make_inputs, validate_shape
 from traceq.zoo.patterns import variants as pattern_variants
-from traceq.zoo.registry import Entry, Zoo, cuda_available, discover
+from traceq.zoo.registry import Entry, Zoo, cuda_available, discover, pattern_act
 
 #: Profiler steps skipped before recording: one to wait, one to warm up (compile, autotune).
+# Kineto logs each profiler start and stop to stderr as `USDT:` lines; libkineto reads
+# its level once, when the process first profiles. 6 is above its highest level (USDT, 5).
+# A level the user set is kept.
+QUIET_KINETO = {"KINETO_LOG_LEVEL": "6"}
+
 WAIT_STEPS = 1
 WARMUP_STEPS = 1
 
@@ -101,6 +107,7 @@ def record_trace(
         raise ZooUsageError(f"steps must be at least 1, got {steps}")
     shape = validate_shape(tuple(shape))
     dtype = dtype_name(dtype)
+    act = pattern_act(pattern, act)
     zoo = zoo if zoo is not None else discover()
     entry = zoo.get(entry_name)
     if entry.pattern != pattern:
@@ -123,6 +130,8 @@ def record_trace(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
 
+    for name, value in QUIET_KINETO.items():  # before this process's first profile
+        os.environ.setdefault(name, value)
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)

@@ -32,7 +32,27 @@ PATTERNS: dict[str, str] = {
     "glu": "act(gate) * up in one pointwise pass (fixes TQ103)",
     "dual_gemm_glu": "act(x @ Wg.T) * (x @ Wu.T) in one GEMM kernel (fixes TQ103 + TQ105)",
     "mlp": "a whole Linear->act->Linear or GLU MLP (fixes the MLP's findings together)",
+    "rms_norm": "x * rsqrt(mean(x²) + eps) * w in one pass over each row (fixes TQ107)",
+    "add_rms_norm": "h = x + residual, then rms_norm(h) in one pass: returns (normed, h) (fixes "
+    "TQ107's add+RMSNorm)",
+    "rope": "the rotary embedding of q and k in one kernel: returns (q_embed, k_embed) (fixes "
+    "TQ108)",
 }
+
+#: Patterns that apply no activation: their entries are called with act "none", whatever
+#: activation a check or a recording was asked for.
+NO_ACTIVATION: frozenset[str] = frozenset({"rms_norm", "add_rms_norm", "rope"})
+
+
+def pattern_act(pattern: str, act: str) -> str:
+    """The activation ``pattern`` is run with: ``act``, or "none" for a pattern that has none."""
+    return "none" if pattern in NO_ACTIVATION else act
+
+
+def pattern_activations(pattern: str) -> tuple[str, ...]:
+    """Every activation an entry of ``pattern`` can be asked for."""
+    return ("none",) if pattern in NO_ACTIVATION else tuple(ACTIVATIONS)
+
 
 #: Activation name -> the PyTorch spelling it means.
 ACTIVATIONS: dict[str, str] = {
@@ -170,7 +190,7 @@ def reference_entry(pattern: str, fn: Callable[..., Any], description: str) -> E
         pattern=pattern,
         impl="reference",
         fn=fn,
-        activations=tuple(ACTIVATIONS),
+        activations=pattern_activations(pattern),
         dtypes=DTYPES,
         devices=("cpu", "cuda"),
         description=description,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from traceq.zoo.registry import Entry
+from traceq.zoo.registry import Entry, pattern_activations
 
 #: Whether the kernels defined by modules imported after this point run interpreted.
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -170,7 +170,7 @@ def triton_entry(
         impl="triton",
         fn=fn,
         out_fn=out_fn,
-        activations=("gelu", "gelu_tanh", "relu", "silu", "none"),
+        activations=pattern_activations(pattern),
         dtypes=TRITON_DTYPES,
         devices=("cpu", "cuda"),
         requires=requires_triton_device,

@@ -43,12 +43,21 @@ from traceq.zoo.errors import ZooUsageError
 from traceq.zoo.patterns import dtype_name, validate_pattern, validate_shape
 from traceq.zoo.patterns import variants as pattern_variants
 from traceq.zoo.record import record_trace
-from traceq.zoo.registry import ACTIVATIONS, DEVICES, DTYPES, Entry, Zoo, cuda_available, discover
+from traceq.zoo.registry import (
+    ACTIVATIONS,
+    DEVICES,
+    DTYPES,
+    Entry,
+    Zoo,
+    cuda_available,
+    discover,
+    pattern_act,
+)
 
 import traceq
 from traceq.analyze import analyze
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import GEMM_OPERANDS, WEIGHT_NK
+from traceq.rules.op_classes import GEMM_OPERANDS, WEIGHT_NK
 
 if TYPE_CHECKING:
     from traceq.trace import Trace
@@ -59,7 +68,13 @@ RULE_PATTERNS: dict[str, str] = {
     "TQ102": "gemm_bias_act",
     "TQ103": "glu",
     "TQ105": "dual_gemm_glu",
+    "TQ107": "rms_norm",  # add_rms_norm when the finding has the residual add
+    "TQ108": "rope",
 }
+
+#: The rule each pattern without an activation reproduces, recorded as the pattern's own
+#: split reference: HF's written-out RMSNorm (after the residual add) and RoPE.
+IDIOM_RULES: dict[str, str] = {"rms_norm": "TQ107", "add_rms_norm": "TQ107", "rope": "TQ108"}
 
 #: Largest problem recorded on the CPU (M, K, N) when the shape is scaled automatically:
 #: interpreted Triton costs ~2 ms per program per K-step, so this records in about a second.
@@ -77,7 +92,13 @@ PROFILER_DTYPES: dict[str, str] = {
 GLU_ACTIVATIONS: dict[str, str] = {"SwiGLU": "silu", "GeGLU": "gelu", "ReGLU": "relu"}
 
 #: Fused implementations in the order verify prefers them: the zoo's own kernel first.
-IMPL_PREFERENCE: tuple[str, ...] = ("triton", "liger", "cublaslt-epilogue", "compile")
+IMPL_PREFERENCE: tuple[str, ...] = (
+    "triton",
+    "liger",
+    "cublaslt-epilogue",
+    "functional",
+    "compile",
+)
 
 #: Outcomes of a verification; only ``gone`` proves the fix.
 STATUSES: tuple[str, ...] = (
@@ -210,6 +231,9 @@ class VerifyResult:
     fused: TraceStats | None = None
     notes: tuple[str, ...] = ()
     reason: str = ""
+    # The fused entry's numbers against float64 at the recorded shape (`zoo.check`), taken
+    # when its time is no measurement (Triton's interpreter): what such a check proves.
+    numerics: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -239,6 +263,13 @@ class VerifyResult:
         split, fused = self.split, self.fused
         ops = f"{_per(split.top_level_ops, split.steps)}→{_per(fused.top_level_ops, fused.steps)}"
         times = f"{_time(split)} → {_time(fused)}"
+        if not fused.timed:  # the interpreter: what was proved, and no speed ratio
+            return (
+                f"{rules} {verdict} with {fused.entry}: re-profiled, {counts} findings over "
+                f"{split.steps} steps; {_numerics(self.numerics)} at {shape} {self.dtype} "
+                f"(the finding's shape{scale}) act={self.act} on {self.device}; speed not "
+                "measured (Triton's interpreter, no GPU)"
+            )
         return (
             f"{rules} {verdict} with {fused.entry} ({counts} findings over {split.steps} "
             f"steps; {self.pattern} {shape} {self.dtype} act={self.act} on "
@@ -264,6 +295,7 @@ class VerifyResult:
             "fused": None if self.fused is None else self.fused.to_dict(),
             "notes": list(self.notes),
             "reason": self.reason,
+            "numerics": self.numerics,
             "summary": self.summary,
         }
 
@@ -274,6 +306,40 @@ def _round(value: float | None) -> float | None:
 
 def _per(ops: dict[str, int], steps: int) -> str:
     return str(round(sum(ops.values()) / max(steps, 1), 2)).removesuffix(".0")
+
+
+def _numerics(numerics: dict[str, Any] | None) -> str:
+    """'its numbers match float64 (worst 2.4e-07, bound 1e-05)', or that none were checked."""
+    if not numerics:
+        return "numbers not checked"
+    worst = numerics.get("worst_rel_error")
+    shown = f"worst {worst:.1e}, " if worst is not None else ""
+    match = "match" if numerics["passed"] else "do NOT match"
+    return f"its numbers {match} float64 ({shown}bound {numerics['bound']:.0e})"
+
+
+def untimed_numerics(plan: Plan) -> dict[str, Any]:
+    """The fused entry against float64 through the zoo's one harness, numerics only."""
+    from traceq.zoo.check import check
+
+    report = check(
+        plan.record_pattern,
+        plan.shape,
+        plan.dtype,
+        plan.device,
+        plan.act,
+        zoo=Zoo((plan.split, plan.fused)),
+        select=[plan.fused.name],
+        timing=False,
+    )
+    entry = report.entry(plan.fused.name)
+    errors = [c.rel_error for c in entry.cases if c.rel_error is not None]
+    return {
+        "passed": entry.status == "pass",
+        "cases": [c.case for c in entry.cases],
+        "worst_rel_error": max(errors) if errors else None,
+        "bound": report.bound,
+    }
 
 
 def _time(stats: TraceStats) -> str:
@@ -444,12 +510,14 @@ def plan_pattern(
     gemm_bias_act: TQ102 (``F.linear`` then the activation); with ``act`` none, TQ101
     (matmul, then a bias add). glu: TQ103, inside the eager GLU MLP. dual_gemm_glu: TQ103
     and TQ105 (TQ105 alone for act none). mlp: TQ102 plain, TQ103 + TQ105 gated.
+    rms_norm and add_rms_norm: TQ107 (HF's written-out norm, after the residual add for
+    the second); rope: TQ108 (HF's ``apply_rotary_pos_emb``); they take no activation.
     ``split_form`` ``"matmul_add"`` records TQ101's split bias for gemm_bias_act; ``rule``
     checks that one rule only (a finding's).
     """
     validate_pattern(pattern)
     requested = validate_shape(tuple(shape))
-    validate_activation(act)
+    act = pattern_act(pattern, validate_activation(act))
     dtype = dtype_name(dtype)
     device = device or default_device()
     if device not in DEVICES:
@@ -472,6 +540,9 @@ def plan_pattern(
             rules = ("TQ101",) if act == "none" else ("TQ102",)
         else:
             split, rules = zoo.reference(pattern), ("TQ102",)
+        fused = choose_fused(zoo, pattern, act, dtype, device, entry)
+    elif pattern in IDIOM_RULES:
+        split, rules = zoo.reference(pattern), (IDIOM_RULES[pattern],)
         fused = choose_fused(zoo, pattern, act, dtype, device, entry)
     elif pattern == "glu":
         if act == "none":
@@ -639,7 +710,43 @@ def _problem_of(
             act = "none"
             notes.append("no GLU on these GEMMs among the findings: recorded with act none")
         return "dual_gemm_glu", (_rows(x), k, n[0]), act, None, notes
+    if rule == "TQ107":
+        return _norm_problem(finding, notes)
+    if rule == "TQ108":
+        return _rope_problem(finding, notes)
     raise NotVerifiable(f"verify cannot reproduce {rule}")
+
+
+def _norm_problem(
+    finding: Finding, notes: list[str]
+) -> tuple[str, tuple[int, int, int], str, str | None, list[str]]:
+    """TQ107: rms_norm at the norm's [rows, H], add_rms_norm when the residual add is in
+    the finding. K is unused by the norms: 1 leaves the CPU scaling to M and H."""
+    kind = finding.evidence.get("norm")
+    if kind != "RMSNorm":
+        raise NotVerifiable(f"the zoo has no fused {kind or 'norm'}: only RMSNorm")
+    if not finding.shapes or not finding.shapes[0]:
+        raise NotVerifiable("TQ107 finding without the norm's shape")
+    out = finding.shapes[0]
+    if not finding.evidence.get("weight", True):
+        notes.append("the finding's norm has no weight; recorded with one")
+    pattern = "add_rms_norm" if finding.evidence.get("residual_add") is not None else "rms_norm"
+    return pattern, (_rows(out), 1, out[-1]), "none", None, notes
+
+
+def _rope_problem(
+    finding: Finding, notes: list[str]
+) -> tuple[str, tuple[int, int, int], str, str | None, list[str]]:
+    """TQ108: rope with M = B·S tokens, K = q's heads, N = the head dim."""
+    q = finding.shapes[0] if finding.shapes else None
+    if not q or len(q) != 4:
+        raise NotVerifiable(f"TQ108 finding without a [B, heads, S, D] shape: {q}")
+    batch, heads, seq, dim = q
+    if len(finding.shapes) > 1:
+        notes.append(f"k is {finding.shapes[1]}; recorded with q's {heads} heads for both")
+    if batch > 1:
+        notes.append(f"{batch} sequences of {seq} tokens recorded as one of {batch * seq}")
+    return "rope", (batch * seq, heads, dim), "none", None, notes
 
 
 def plan_finding(
@@ -737,6 +844,7 @@ def run_plan(plan: Plan, *, steps: int = 3, keep: str | Path | None = None) -> V
             kept = str(path) if keep is not None else None
             stats.append(trace_stats(loaded, entry, plan.device, plan.rules, kept))
     split, fused = stats
+    numerics = None if fused.timed else untimed_numerics(plan)
     checks = tuple(RuleCheck(r, split.findings[r], fused.findings[r]) for r in plan.rules)
     notes = plan.notes
     if any(c.split == 0 for c in checks):
@@ -766,6 +874,7 @@ def run_plan(plan: Plan, *, steps: int = 3, keep: str | Path | None = None) -> V
         split=split,
         fused=fused,
         notes=notes,
+        numerics=numerics,
     )
 
 

@@ -26,6 +26,16 @@ BUILTIN = {
     "mlp.reference",
     "mlp.triton",
     "mlp.compile",
+    "rms_norm.reference",
+    "rms_norm.triton",
+    "rms_norm.functional",
+    "rms_norm.compile",
+    "add_rms_norm.reference",
+    "add_rms_norm.triton",
+    "add_rms_norm.compile",
+    "rope.reference",
+    "rope.triton",
+    "rope.compile",
 }
 
 

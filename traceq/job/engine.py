@@ -128,13 +128,96 @@ def map_ranks(
         return [run_task(fn, t, args) for t in tasks]
     if _rerunning_a_script():
         raise SystemExit(1)  # quietly: the driver's `BrokenProcessPool` says why, once
+    script = unguarded_script()
     try:
-        with ProcessPoolExecutor(size, mp_context=get_context(MP_CONTEXT)) as pool:
+        with (
+            _main_not_reimported(script is not None),
+            ProcessPoolExecutor(size, mp_context=get_context(MP_CONTEXT)) as pool,
+        ):
             with _polars_threads(worker_threads(size)):  # each submit starts a worker
                 futures = [pool.submit(run_task, fn, task, args) for task in tasks]
             return [future.result() for future in futures]
     except BrokenProcessPool:
-        raise TraceError(_broken_pool_problem()) from None
+        if script is None:
+            raise TraceError(_broken_pool_problem()) from None
+    # the workers could not start beside a script that maps at import: map here instead
+    print(
+        f"traceq: warning: {script} maps its job at import (no `if __name__ == "
+        '"__main__":` guard) and its workers failed to start; mapping the ranks serially',
+        file=sys.stderr,
+    )
+    return [run_task(fn, t, args) for t in tasks]
+
+
+def unguarded_script() -> str | None:
+    """The path of the script being run when the map was called from its top level outside
+    an `if __name__ == "__main__":` block (a plain script, as people write one), else None.
+
+    A forkserver (or spawn) worker imports the driver's `__main__` file before it runs
+    anything: such a script would run its job again in every worker."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or getattr(main, "__spec__", None) is not None:
+        return None  # an interactive session, a notebook, `python -m`: nothing re-runs
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            break
+        frame = frame.f_back
+    if frame is None:
+        return None
+    guarded = _guarded_lines(path)
+    if guarded is None or any(lo <= frame.f_lineno <= hi for lo, hi in guarded):
+        return None
+    return str(path)
+
+
+def _guarded_lines(path: str) -> list[tuple[int, int]] | None:
+    """Line ranges of a script's top-level `if __name__ == "__main__":` blocks (None when
+    its source cannot be read)."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    ranges = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            ranges.append((node.lineno, node.end_lineno or node.lineno))
+    return ranges
+
+
+def _is_main_test(test: Any) -> bool:
+    import ast
+
+    if not isinstance(test, ast.Compare) or len(test.comparators) != 1:
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    values = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return bool(names and values)
+
+
+@contextmanager
+def _main_not_reimported(active: bool) -> Iterator[None]:
+    """While the pool starts its workers: have multiprocessing treat `__main__` as a module
+    it need not import (`__spec__` named `__main__`, which its workers skip), so a script
+    that maps at import is not run again by the forkserver and each worker. The map's
+    functions are traceq's, never the script's, so the workers need nothing from it."""
+    main = sys.modules.get("__main__")
+    if not active or main is None:
+        yield
+        return
+    from importlib.machinery import ModuleSpec
+
+    before = main.__spec__
+    main.__spec__ = ModuleSpec("__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = before
 
 
 def worker_threads(size: int) -> int:

@@ -16,12 +16,16 @@ from typing import Any
 import polars as pl
 
 from traceq.job.engine import Outcome, Task, map_ranks
-from traceq.job.ranks import rank_files, trace_paths
+from traceq.job.ranks import RankFile, rank_files, trace_paths
 from traceq.job.summary import RankSummary, summarize
 from traceq.relations.collectives import COLUMNS, clock_offsets, match_collectives
 from traceq.trace import Trace
 
 ALIGN = ("auto", "collectives", "none")
+# Ranks a job ever enumerates from its stated world size (missing ranks, the default process
+# group's members): more than any real job has, and a bound on what a file's claim can cost.
+MISSING_LISTED = 1 << 17
+INT64_MAX = (1 << 63) - 1
 # An offset is applied under "auto" only when the clocks measurably disagree: the ranks'
 # collective ends differ by more than this many times their own spread.
 ALIGN_SIGNIFICANCE = 3.0
@@ -53,12 +57,34 @@ class JobFrames:
 
     @property
     def step_time(self) -> pl.DataFrame:
-        """The job's step time: per step, the slowest rank's `ProfilerStep` window."""
+        """The job's step time: per step, the slowest rank's `ProfilerStep` window. A rank
+        without `ProfilerStep`s is one window (step null): its breakdown's span, the time
+        from its first to its last activity, as the breakdown measures it."""
         return (
-            self.step_ns.group_by("step")
+            self.windows.group_by("step")
             .agg(pl.col("dur_ns").max(), pl.col("rank").sort_by("dur_ns").last().alias("slowest"))
             .sort("step")
         )
+
+    @property
+    def windows(self) -> pl.DataFrame:
+        """`rank, step, dur_ns`: every rank's `ProfilerStep` windows, and one window (step
+        null, its breakdown's `span_ns`) for each rank that has none."""
+        schema = {"rank": pl.Int64, "step": pl.Int64, "dur_ns": pl.Int64}
+        stepped = (
+            self.step_ns.select(list(schema)).cast(schema)
+            if "step" in self.step_ns.columns
+            else pl.DataFrame(schema=schema)
+        )
+        if self.breakdown.height == 0:
+            return stepped
+        whole = (
+            self.breakdown.join(stepped.select("rank").unique(), on="rank", how="anti")
+            .filter(pl.col("step").is_null())
+            .select("rank", "step", pl.col("span_ns").alias("dur_ns"))
+            .cast(schema)
+        )
+        return pl.concat([stepped, whole])
 
 
 def reduce_summaries(summaries: list[RankSummary], align: str = "auto") -> JobFrames:
@@ -118,6 +144,18 @@ def reduce_summaries(summaries: list[RankSummary], align: str = "auto") -> JobFr
     )
 
 
+def _representable(files: list[RankFile], problems: list[str]) -> tuple[list[RankFile], list[str]]:
+    """The files whose rank fits the frames' 64-bit `rank` column; the others are left out,
+    each with a note (a rank of 2**70 is no rank of a real job)."""
+    kept = [f for f in files if -INT64_MAX - 1 <= f.rank <= INT64_MAX]
+    problems = problems + [
+        f"{f.path}: rank {f.rank} does not fit 64 bits; the file is left out"
+        for f in files
+        if f not in kept
+    ]
+    return kept, problems
+
+
 def _ranks_text(ranks: list[int]) -> str:
     shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
     return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
@@ -170,7 +208,7 @@ class Job:
     ) -> None:
         self.source = ", ".join(map(str, src)) if isinstance(src, (list, tuple)) else str(src)
         self.paths = trace_paths(src)
-        self.files, self.problems = rank_files(self.paths)
+        self.files, self.problems = _representable(*rank_files(self.paths))
         self.engine, self.workers, self.address, self.align = engine, workers, address, align
         self.cache = cache
         self._traces: dict[int, Trace] = {}
@@ -190,15 +228,37 @@ class Job:
 
     @property
     def world_size(self) -> int:
-        """`distributedInfo.world_size` (the largest any rank states), else the ranks seen."""
+        """`distributedInfo.world_size` (the largest any rank states), else the ranks seen.
+
+        Only a number the files state: nothing is ever sized by it (a rank may claim 2**40),
+        see `missing_count` and `process_groups`."""
         stated = [f.distributed.get("world_size") for f in self.files]
-        sizes = [s for s in stated if isinstance(s, int)]
+        sizes = [s for s in stated if isinstance(s, int) and not isinstance(s, bool)]
+        sizes = [s for s in sizes if 0 < s <= INT64_MAX]
         return max(sizes) if sizes else len(self.files)
 
     @property
+    def missing_count(self) -> int:
+        """How many ranks below the world size have no file (sampled jobs keep a few of
+        many): counted, not listed, so a stated world size costs nothing."""
+        present = {r for r in self.ranks if 0 <= r < self.world_size}
+        return self.world_size - len(present)
+
+    @property
     def missing_ranks(self) -> list[int]:
-        """Ranks below the world size with no file (sampled jobs keep a few of many)."""
-        return sorted(set(range(self.world_size)) - set(self.ranks))
+        """The first `MISSING_LISTED` ranks below the world size with no file, in order:
+        all of them in any real job; `missing_count` says how many there are."""
+        return self._first_missing(MISSING_LISTED)
+
+    def _first_missing(self, most: int) -> list[int]:
+        present = set(self.ranks)
+        listed: list[int] = []
+        rank, wanted = 0, min(most, self.missing_count)
+        while len(listed) < wanted:
+            if rank not in present:
+                listed.append(rank)
+            rank += 1
+        return listed
 
     @property
     def process_groups(self) -> pl.DataFrame:
@@ -208,8 +268,10 @@ class Job:
             for pg in f.distributed.get("pg_config") or []:
                 if isinstance(pg, dict) and "pg_name" in pg:
                     rows.setdefault(str(pg["pg_name"]), pg)
-        if not rows:  # the default group: every rank of the world
-            rows["0"] = {"pg_desc": "default_pg", "ranks": list(range(self.world_size))}
+        if not rows:  # the default group: every rank of the world, when it can be listed
+            world = self.world_size
+            members = range(world) if world <= MISSING_LISTED else sorted(self.ranks)
+            rows["0"] = {"pg_desc": "default_pg", "pg_size": world, "ranks": list(members)}
         return pl.DataFrame(
             {
                 "pg": list(rows),
@@ -224,10 +286,11 @@ class Job:
     def notes(self) -> list[str]:
         """Everything odd about the job, one line each: never silently dropped."""
         notes = list(self.problems)
-        missing = self.missing_ranks
-        if missing:
-            shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-            notes.append(f"{len(missing)} of {self.world_size} ranks have no trace: {shown}")
+        count = self.missing_count
+        if count:
+            missing = self._first_missing(8)
+            shown = ", ".join(map(str, missing)) + (" ..." if count > len(missing) else "")
+            notes.append(f"{count} of {self.world_size} ranks have no trace: {shown}")
         notes += [self.failed[r] for r in sorted(self.failed)]
         if "frames" in self.__dict__:
             notes += [p for p in self.frames.problems if p not in notes]
@@ -280,6 +343,25 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({len(self.files)} ranks of {self.world_size}, engine={self.engine!r})"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: what the heads say (no rank is loaded, nothing is mapped)."""
+        import html
+
+        esc = html.escape
+        rows = [
+            ("source", self.source),
+            ("ranks", f"{len(self.files):,} of {self.world_size:,}"),
+            ("rank from", ", ".join(sorted(set(self.rank_sources.values()))) or "—"),
+            ("engine", self.engine),
+            ("notes", "; ".join(self.notes()) or "none"),
+        ]
+        body = "".join(
+            f"<tr><th style='text-align:left'>{esc(k)}</th>"
+            f"<td style='text-align:left'>{esc(str(v))}</td></tr>"
+            for k, v in rows
+        )
+        return f"<div><b>Job</b><table>{body}</table></div>"
 
 
 def load_job(src: JobSource, **options: Any) -> Job:

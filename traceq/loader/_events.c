@@ -13,6 +13,12 @@
  * one of the format's rare keys, deep nesting) makes `parse` return None, and the caller
  * reads that batch the Python way. Columns, in order: ph cat name pid tid ts dur id bp s
  * args; ts and dur are float64, the rest text (pid, tid and id keep an integer's digits).
+ *
+ * Traces are untrusted input: every size is computed in int64 with its bound checked
+ * first (`add_size`, `mul_size`), and a text that Arrow's string view cannot describe (a
+ * length or a data offset past int32) hands the batch back too, as does a count of events
+ * the bytes cannot hold. `scan` is split.py's tokenizer: where the top-level commas of
+ * `traceEvents` are, carried from piece to piece, so cutting stays linear.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -54,6 +60,8 @@ static const char *COLUMN_NAMES[NCOLS] = {"ph", "cat", "name", "pid", "tid", "ts
 #define IS_FLOAT(c) ((c) == TS || (c) == DUR)
 #define MAX_DEPTH 64
 #define MAX_DIGITS 18
+/* Arrow's string view holds a length and a data offset as int32 (the format's spec). */
+#define VIEW_MAX INT32_MAX
 
 typedef struct {
     uint8_t *valid;   /* validity bitmap, one bit a row */
@@ -68,8 +76,25 @@ typedef struct {
 typedef struct {
     Column col[NCOLS];
     int64_t n;
-    int float_times; /* a time written with a fraction */
+    int float_times;   /* a time written with a fraction */
+    int64_t view_max;  /* the longest text, and the furthest offset of one, a view holds */
 } Batch;
+
+/* a + b and a * b for sizes (a, b >= 0): 0, or -1 where the result would pass `limit`. */
+static int add_size(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (a < 0 || b < 0 || a > limit - b) return -1;
+    *out = a + b;
+    return 0;
+}
+
+static int mul_size(int64_t a, int64_t b, int64_t limit, int64_t *out) {
+    if (a < 0 || b < 0 || (b && a > limit / b)) return -1;
+    *out = a * b;
+    return 0;
+}
+
+/* What one malloc may be asked for: size_t's range and int64's, whichever is smaller. */
+#define ALLOC_MAX ((int64_t)(SIZE_MAX < (uint64_t)INT64_MAX ? SIZE_MAX : INT64_MAX))
 
 /* Arrays exported and not yet released (`live()`, for the tests). Polars may release an
  * array from one of its own threads, without the GIL: the count is atomic where it can be. */
@@ -91,19 +116,27 @@ static void batch_free(Batch *b) {
     free(b);
 }
 
-static Batch *batch_new(int64_t n, int64_t bytes) {
+/* The columns of `n` rows from `bytes` of lines; NULL without memory (or where a size
+ * would overflow: the caller has bounded n by the bytes, so it cannot). */
+static Batch *batch_new(int64_t n, int64_t bytes, int64_t view_max) {
+    int64_t rows, names, small;
+    if (add_size(n, 1, ALLOC_MAX / 8, &rows) || mul_size(n, 4, ALLOC_MAX, &small) ||
+        add_size(small, 64, ALLOC_MAX, &small) || bytes < 0)
+        return NULL;
+    names = bytes / 4 + 64;
     Batch *b = calloc(1, sizeof(Batch));
     if (!b) return NULL;
     b->n = n;
+    b->view_max = view_max;
     for (int c = 0; c < NCOLS; c++) {
         Column *col = &b->col[c];
         col->valid = calloc((size_t)(n / 8 + 1), 1);
         if (IS_FLOAT(c)) {
-            col->values = calloc((size_t)(n + 1), sizeof(double));
+            col->values = calloc((size_t)rows, sizeof(double));
             if (!col->valid || !col->values) goto fail;
         } else {
-            col->offsets = calloc((size_t)(n + 1), sizeof(int64_t));
-            col->cap = c == ARGS ? bytes / 2 + 64 : (c == NAME ? bytes / 4 + 64 : n * 4 + 64);
+            col->offsets = calloc((size_t)rows, sizeof(int64_t));
+            col->cap = c == ARGS ? bytes / 2 + 64 : (c == NAME ? names : small);
             col->data = malloc((size_t)col->cap);
             if (!col->valid || !col->offsets || !col->data) goto fail;
         }
@@ -114,11 +147,16 @@ fail:
     return NULL;
 }
 
-static int append(Column *col, int64_t row, const char *text, int64_t len) {
-    if (col->size + len > col->cap) {
-        int64_t cap = (col->size + len) * 2;
+/* A text into row `row`: 0; -1 where a view cannot hold it (its length, or past 12 bytes
+ * its offset, beyond `view_max`: the batch goes back to Python); -2 without memory. */
+static int append(Column *col, int64_t row, const char *text, int64_t len, int64_t view_max) {
+    int64_t need, cap;
+    if (len < 0 || len > view_max || (len > 12 && col->size > view_max)) return -1;
+    if (add_size(col->size, len, ALLOC_MAX, &need)) return -2;
+    if (need > col->cap) {
+        cap = need <= ALLOC_MAX / 2 ? need * 2 : need;
         char *data = realloc(col->data, (size_t)cap);
-        if (!data) return -1;
+        if (!data) return -2;
         col->data = data;
         col->cap = cap;
     }
@@ -138,12 +176,16 @@ static void close_row(Batch *b, int64_t row) {
     }
 }
 
-/* Bytes that end a run of plain string content: a quote, a backslash, non-ASCII. */
-static unsigned char STOPS[256];
+/* Bytes that end a run of plain string content: a quote, a backslash, non-ASCII. And
+ * those that matter to `scan`: outside a string, a quote, the brackets and commas; inside
+ * one, its quote and a backslash. */
+static unsigned char STOPS[256], TOKENS[256], IN_STRING[256];
 
 static void init_stops(void) {
     STOPS['"'] = STOPS['\\'] = 1;
     for (int ch = 0x80; ch < 256; ch++) STOPS[ch] = 1;
+    for (const char *t = "\"{}[],"; *t; t++) TOKENS[(unsigned char)*t] = 1;
+    IN_STRING['"'] = IN_STRING['\\'] = 1;
 }
 
 static const char *to_stop(const char *p, const char *end) {
@@ -210,8 +252,9 @@ static const char *skip_value(const char *p, const char *end) {
     while (p < end) {
         char ch = *p;
         if (ch == '"') {
-            for (p = to_stop(p + 1, end); p < end && *p == '\\'; p = to_stop(p + 2, end)) {
-            }
+            /* an escape's backslash and the byte after it (a backslash last: no end) */
+            for (p = to_stop(p + 1, end); p < end && *p == '\\'; p = to_stop(p + 2, end))
+                if (end - p < 2) return NULL;
             if (p >= end || *p != '"') return NULL; /* non-ASCII, or no end */
             p++;
         } else if (ch == '{' || ch == '[') {
@@ -303,7 +346,9 @@ static int parse_event(Batch *b, int64_t row, const char *p, const char *end) {
         } else if (c == ARGS) {
             const char *start = p;
             p = skip_value(p, end);
-            if (!p || append(&b->col[ARGS], row, start, p - start)) return p ? -2 : -1;
+            if (!p) return -1;
+            int status = append(&b->col[ARGS], row, start, p - start, b->view_max);
+            if (status) return status;
         } else if (IS_FLOAT(c)) {
             int fraction;
             const char *start = p;
@@ -317,14 +362,16 @@ static int parse_event(Batch *b, int64_t row, const char *p, const char *end) {
             const char *start;
             p = plain_string(p, end, &start);
             if (!p) return -1;
-            if (append(&b->col[c], row, start, p - 1 - start)) return -2;
+            int status = append(&b->col[c], row, start, p - 1 - start, b->view_max);
+            if (status) return status;
         } else if (c == PID || c == TID || c == ID) { /* an integer: its digits, as Polars */
             int fraction;
             const char *start = p;
             p = plain_number(p, end, &fraction);
             if (!p || fraction >= 0 || (p - start == 2 && start[0] == '-' && start[1] == '0'))
                 return -1;
-            if (append(&b->col[c], row, start, p - start)) return -2;
+            int status = append(&b->col[c], row, start, p - start, b->view_max);
+            if (status) return status;
         } else {
             return -1; /* another type where text belongs: the Python path explains it */
         }
@@ -376,13 +423,23 @@ static void capsule_array_free(PyObject *capsule) {
     free(array);
 }
 
-/* The text column's offsets made views (GIL released); the offsets are freed. */
-static int to_views(Column *col, int64_t n) {
-    uint8_t *views = calloc((size_t)(n > 0 ? n : 1), 16);
-    if (!views) return -1;
+/* The text column's offsets made views (GIL released); the offsets are freed. 0; -1
+ * where a length or an offset does not fit a view (`append` refused those already: this
+ * is the last line of defence), -2 without memory. */
+static int to_views(Column *col, int64_t n, int64_t view_max) {
+    int64_t bytes;
+    if (mul_size(n > 0 ? n : 1, 16, ALLOC_MAX, &bytes)) return -2;
+    for (int64_t row = 0; row < n; row++) {
+        int64_t start = col->offsets[row], len = col->offsets[row + 1] - start;
+        if (start < 0 || len < 0 || start > col->size - len || len > view_max ||
+            (len > 12 && start > view_max))
+            return -1;
+    }
+    uint8_t *views = calloc((size_t)bytes / 16, 16);
+    if (!views) return -2;
     for (int64_t row = 0; row < n; row++) {
         int64_t start = col->offsets[row];
-        int32_t len = (int32_t)(col->offsets[row + 1] - start);
+        int32_t len = (int32_t)(col->offsets[row + 1] - start); /* checked above */
         uint8_t *view = views + 16 * row;
         memcpy(view, &len, 4);
         if (len <= 12) {
@@ -485,17 +542,29 @@ static PyObject *export(Batch *b) {
     return result;
 }
 
-/* parse(lines: bytes, n: int) -> (((schema, array) capsules a column, ...), float_times)
- * or None */
+/* parse(lines: bytes, n: int, view_max: int = 2**31 - 1) -> (((schema, array) capsules a
+ * column, ...), float_times) or None. `view_max` only lowers the bound on a text's length
+ * and offset (a test reaches it without 2 GiB of text); above int32 it is int32. */
 static PyObject *parse(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t n;
+    Py_ssize_t n, view_max = VIEW_MAX;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &n)) return NULL;
-    Batch *b = n >= 0 ? batch_new(n, view.len) : NULL;
+    if (!PyArg_ParseTuple(args, "y*n|n", &view, &n, &view_max)) return NULL;
+    if (n < 0 || view_max < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, n < 0 ? "n < 0" : "view_max < 0");
+        return NULL;
+    }
+    if (view_max > VIEW_MAX) view_max = VIEW_MAX;
+    /* n events take at least 3n - 1 bytes ("{}" and a newline each): more cannot match */
+    if (n > view.len / 3 + 1) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    Batch *b = batch_new(n, view.len, view_max);
     if (!b) {
         PyBuffer_Release(&view);
-        return n >= 0 ? PyErr_NoMemory() : (PyErr_SetString(PyExc_ValueError, "n < 0"), NULL);
+        return PyErr_NoMemory();
     }
     int status = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -511,7 +580,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
     }
     if (status == 0 && p < end) status = -1; /* more lines than events */
     for (int c = 0; c < NCOLS && status == 0; c++)
-        if (!IS_FLOAT(c) && to_views(&b->col[c], n)) status = -2;
+        if (!IS_FLOAT(c)) status = to_views(&b->col[c], n, b->view_max);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (status != 0) {
@@ -520,6 +589,72 @@ static PyObject *parse(PyObject *self, PyObject *args) {
         Py_RETURN_NONE;
     }
     return export(b);
+}
+
+/* scan(buf, start, state) -> (comma, state): split.py's tokenizer. `buf` from its start
+ * is the inside of `traceEvents`, just after its `[` or a top-level comma; `state` is
+ * where the scan of buf[:start] left off (0 at the start). Returns the offset of the
+ * last comma between two events in buf[start:] (-1: none) and the state at the end of
+ * `buf`: depth << 2 | in a string << 1 | after a backslash, or -1 once the array has
+ * closed. It reads, it does not check: split.py's probe (msgspec) proves each cut. */
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, comma = -1;
+    long long state;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nL", &view, &start, &state)) return NULL;
+    if (start < 0 || start > view.len || state < -1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "start outside the buffer, or not a scan's state");
+        return NULL;
+    }
+    if (state == -1) {
+        PyBuffer_Release(&view);
+        return Py_BuildValue("(nL)", (Py_ssize_t)-1, state);
+    }
+    int64_t depth = (int64_t)(state >> 2);
+    int in_string = (int)(state >> 1 & 1), escape = (int)(state & 1), closed = 0;
+    const unsigned char *buf = view.buf, *p = buf + start, *end = buf + view.len;
+    Py_BEGIN_ALLOW_THREADS
+    while (p < end) {
+        if (in_string) {
+            if (escape) {
+                escape = 0;
+                p++;
+                continue;
+            }
+            while (p < end && !IN_STRING[*p]) p++;
+            if (p == end) break;
+            if (*p == '\\') escape = 1;
+            else in_string = 0;
+            p++;
+            continue;
+        }
+        while (p < end && !TOKENS[*p]) p++;
+        if (p == end) break;
+        switch (*p) {
+        case '"':
+            in_string = 1;
+            break;
+        case '{':
+        case '[':
+            depth++; /* at most one a byte: int64 holds it */
+            break;
+        case '}':
+        case ']':
+            closed = depth == 0;
+            depth--;
+            break;
+        default: /* ',' */
+            if (depth == 0) comma = p - buf;
+        }
+        if (closed) break;
+        p++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    state = closed ? -1 : (long long)depth << 2 | in_string << 1 | escape;
+    return Py_BuildValue("(nL)", comma, state);
 }
 
 static PyObject *live(PyObject *self, PyObject *unused) {
@@ -531,8 +666,12 @@ static PyObject *live(PyObject *self, PyObject *unused) {
 static PyMethodDef METHODS[] = {
     {"live", live, METH_NOARGS, "live() -> column arrays exported and not yet released"},
     {"parse", parse, METH_VARARGS,
-     "parse(lines, n) -> (columns, float_times) or None: n compacted events, one a line, "
-     "each column a pair of Arrow capsules; None leaves the batch to the Python path."},
+     "parse(lines, n, view_max=2**31-1) -> (columns, float_times) or None: n compacted "
+     "events, one a line, each column a pair of Arrow capsules; None leaves the batch to the "
+     "Python path (also where a text's length or offset passes view_max, at most int32)."},
+    {"scan", scan, METH_VARARGS,
+     "scan(buf, start, state) -> (comma, state): the last top-level comma of traceEvents in "
+     "buf[start:] (-1: none) and the tokenizer's state at the end (-1: the array closed)."},
     {NULL, NULL, 0, NULL},
 };
 

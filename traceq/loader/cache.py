@@ -35,19 +35,26 @@ compresses each column's buffers apart, so `traceq info`, which names its column
 zstd over lz4 or none: those 5 event columns decode in 0.12 CPU s (zstd, 31 MB), 0.12
 (lz4, 73 MB) and 0.09 (uncompressed, 867 MB on disk, read from its own file).
 
-**Trust.** Nothing is trusted blindly: an entry whose format or key differs, that is
-truncated or corrupt (bad CRC, no IPC footer, rows or schema other than `meta.json` says)
-is ignored, removed and rebuilt. Damage that passes those checks (bytes written damaged
-under a valid CRC) shows when a column is decoded: the entry is removed and the trace is
-loaded cold again, in the same call, with every frame then the cold load's; should the
-file have changed since the hit, the columns read before are of another trace, and the
-call fails with one `TraceFileError` line instead. Writers write a temporary file in the
-same folder and `os.replace` it onto the entry's name, so a reader sees a whole entry or
-none, and two processes loading one trace at once both succeed (the last rename wins;
-both entries are whole). The folder's size is bounded (`TRACEQ_CACHE_MAX_BYTES`, default
-4 GiB): past it, the least recently used entries go (a hit refreshes an entry's mtime). A
-cache folder that cannot be created or written (read-only, disk full) means no cache,
-never an error.
+**Trust.** Nothing is trusted blindly: an entry whose format or key differs, whose stored
+identity is not the file's as found now (another file's entry copied under this key), whose
+`meta.json` does not decode to its typed schema (`Meta`: a key missing, a value of the wrong
+type), that lacks a table a `Trace` reads, that is truncated or corrupt (bad CRC, no IPC
+footer, rows or schema other than `meta.json` says), or that is not a regular file (a FIFO,
+which would block the open, a directory, a link, a device: looked at, never opened) is
+ignored, removed and rebuilt. Damage that passes those checks (bytes written damaged under
+a valid CRC; a `parent` column that is no tree, which would send every walk up the op tree
+round a cycle forever, checked when first decoded) shows when a column is decoded: the entry
+is removed and the trace is loaded cold again, in the same call, with every frame then the
+cold load's; should the file have changed since the hit, the columns read before are of
+another trace, and the call fails with one `TraceFileError` line instead. A trace that is
+not a regular file (a named pipe) is not cached: identifying it would consume it.
+
+Writers write a temporary file in the same folder and `os.replace` it onto the entry's
+name, so a reader sees a whole entry or none, and two processes loading one trace at once
+both succeed (the last rename wins; both entries are whole). The folder's size is bounded
+(`TRACEQ_CACHE_MAX_BYTES`, default 4 GiB): past it, the least recently used entries go (a
+hit refreshes an entry's mtime). A cache folder that cannot be created or written
+(read-only, disk full) means no cache, never an error.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ import functools
 import hashlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -65,6 +73,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata as dist_metadata
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
 from typing import Any
 
 import msgspec
@@ -98,6 +107,58 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _DAMAGE = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError, ValueError)
 # What a cold load gives: the events frame and the typed frames by name.
 Tables = tuple[pl.DataFrame, dict[str, pl.DataFrame]]
+# The tables a `Trace` reads by name: an entry without one of them is incomplete.
+_TABLES = (
+    "events",
+    "ops",
+    "kernels",
+    "runtime",
+    "annotations",
+    "steps",
+    "python",
+    "modules",
+    "flows",
+    "syncs",
+    "counters",
+    "instants",
+    "threads",
+    "other",
+)
+# Open an entry without following a link or waiting on a FIFO (POSIX; 0 where absent).
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_BINARY", 0)
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+class Identity(msgspec.Struct, forbid_unknown_fields=True):
+    """The facts that identify a trace file, as `meta.json` stores them (see Key)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    sample_blake2b: str
+    schema_version: int
+    code: str
+    versions: dict[str, str]
+
+
+class FrameSpec(msgspec.Struct, forbid_unknown_fields=True):
+    rows: int
+    schema: list[tuple[str, str]]
+
+
+class Meta(msgspec.Struct, forbid_unknown_fields=True):
+    """`meta.json`, typed: an entry whose `meta.json` decodes to anything else is damaged."""
+
+    format: str
+    key: str
+    identity: Identity
+    metadata: dict[str, Any]
+    frames: dict[str, FrameSpec]
 
 
 def enabled(requested: bool | None = None) -> bool:
@@ -139,10 +200,13 @@ class Entry:
 
 
 def entry_for(src: str | os.PathLike[str]) -> Entry | None:
-    """The cache entry of a trace file; None when the file cannot be identified."""
+    """The cache entry of a trace file; None when the file cannot be identified, or is not
+    a regular file (a pipe, `<(zcat ...)`: sampling would consume what the loader reads)."""
     try:
         path = Path(src).resolve()
         stat = path.stat()
+        if not S_ISREG(stat.st_mode):
+            return None
         sample = _sample_digest(path, stat.st_size)
     except OSError:
         return None  # missing or unreadable: the loader reports it
@@ -201,7 +265,8 @@ class Stored(Mapping[str, pl.DataFrame]):
     A Mapping of the typed frames by name, like the dict a cold load gives; `events()` is
     the events frame. Everything it decodes was verified by `read` first (every member's
     CRC-32, every frame's schema and rows from its IPC footer), so a decode that still
-    fails is an entry damaged past what a CRC sees: the entry is removed and `rebuild`
+    fails, or a `parent` column that is no tree (`tree_fault`, checked on its first
+    decode), is an entry damaged past what a CRC sees: the entry is removed and `rebuild`
     (the cold load) gives every frame instead, never a traceback or a wrong frame.
     """
 
@@ -262,9 +327,14 @@ class Stored(Mapping[str, pl.DataFrame]):
             raise pl.exceptions.ColumnNotFoundError(f"{name} has no column {unknown[0]!r}")
         read = self._read[name]
         missing = [column for column in columns if column not in read]
+        tree = "parent" in missing and "event" in self._columns[name]
+        if tree and "event" not in read and "event" not in missing:
+            missing.append("event")  # the parents are checked against the events
         if missing:
             try:
                 read.update(pl.read_ipc(self._blobs[name], columns=missing).to_dict())
+                if tree and (fault := tree_fault(read["event"], read["parent"])):
+                    raise ValueError(f"{name}: {fault}")
             except _DAMAGE:
                 self._rebuilt()
                 return self._whole[name].select(columns)
@@ -294,33 +364,100 @@ def read(entry: Entry, rebuild: Callable[[], Tables]) -> Stored | None:
     and each frame's IPC footer: tens of milliseconds, against about a second to decode it
     all, which is left to first use."""
     try:
-        with zipfile.ZipFile(entry.path) as archive:
-            meta = msgspec.json.decode(archive.read("meta.json"))
-            if meta.get("format") != FORMAT or meta.get("key") != entry.key:
-                raise ValueError("another format or key")
-            blobs = {name: _verified(archive, name, spec) for name, spec in meta["frames"].items()}
+        with _opened(entry.path) as f, zipfile.ZipFile(f) as archive:
+            meta = _meta(archive, entry)
+            blobs = {name: _verified(archive, name, spec) for name, spec in meta.frames.items()}
+            with contextlib.suppress(OSError):  # least recently used is evicted first
+                os.utime(f.fileno() if os.utime in os.supports_fd else entry.path)
     except FileNotFoundError:
         return None
     except (Exception, pl.exceptions.PanicException):  # any damage at all means: rebuild
-        _remove(entry.path)
+        _discard(entry.path)
         return None
-    with contextlib.suppress(OSError):
-        os.utime(entry.path)  # least recently used is evicted first
-    columns = {
-        name: [column for column, _ in spec["schema"]] for name, spec in meta["frames"].items()
-    }
-    return Stored(entry, meta["metadata"], blobs, columns, rebuild)
+    columns = {name: [column for column, _ in spec.schema] for name, spec in meta.frames.items()}
+    return Stored(entry, meta.metadata, blobs, columns, rebuild)
 
 
-def _verified(archive: zipfile.ZipFile, name: str, spec: dict[str, Any]) -> bytes:
+def _opened(path: Path) -> io.BufferedReader:
+    """The entry at `path`, open for reading, if it is a regular file. Never a link (the
+    cache writes none), a FIFO (opening one to read waits for a writer: forever), a
+    directory or a device: those are looked at (`lstat`), not opened; and what is opened,
+    without following a link or waiting, is checked again (`fstat`), as the name may have
+    been replaced in between."""
+    if not S_ISREG(path.lstat().st_mode):
+        raise ValueError(f"{path} is not a regular file")
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        if not S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _meta(archive: zipfile.ZipFile, entry: Entry) -> Meta:
+    """`meta.json`, once it is of this format, of this key, of this very file (the identity
+    it stores is the one `entry_for` found just now: an entry copied under another file's
+    key is not that file's), and lists every table a `Trace` reads. Its members are stored,
+    not compressed, as `write` stores them: none can inflate past the entry's own size."""
+    if any(info.compress_type != zipfile.ZIP_STORED for info in archive.infolist()):
+        raise ValueError("a compressed member")
+    meta = msgspec.json.decode(archive.read("meta.json"), type=Meta)
+    if meta.format != FORMAT or meta.key != entry.key:
+        raise ValueError("another format or key")
+    if msgspec.to_builtins(meta.identity) != entry.identity:
+        raise ValueError("another file's entry")
+    if not meta.frames.keys() >= set(_TABLES):
+        raise ValueError("a table missing")
+    return meta
+
+
+def _verified(archive: zipfile.ZipFile, name: str, spec: FrameSpec) -> bytes:
     """A frame's IPC bytes (`ZipFile` checks the CRC-32), once its footer says the schema and
     rows `meta.json` recorded; decoding nothing."""
     blob = archive.read(f"{name}.arrow")
     frame = pl.scan_ipc(blob)
-    schema = [[column, str(dtype)] for column, dtype in frame.collect_schema().items()]
-    if schema != spec["schema"] or frame.select(pl.len()).collect().item() != spec["rows"]:
+    schema = [(column, str(dtype)) for column, dtype in frame.collect_schema().items()]
+    if schema != spec.schema or frame.select(pl.len()).collect().item() != spec.rows:
         raise ValueError(f"frame {name} is not what meta.json says")
     return blob
+
+
+def tree_fault(event: pl.Series, parent: pl.Series) -> str | None:
+    """What keeps a frame's `parent` column (event ids) from being a tree, or None.
+
+    A cold load nests ops and modules by time (`relations.nesting`): each parent is another
+    row of the same frame, whose events are in increasing order, and following parents
+    ends. A cached frame is checked, when its `parent` column is first decoded: a cycle (an
+    op its own parent) would make every walk up the tree (`analyze`'s rules,
+    `Trace.kernels_under`) loop forever, and a parent that is no row of the frame breaks
+    the walks that find it by position.
+
+    Parents that all come before their children (the rule, as a trace lists an op's start
+    before its children's) can form no cycle: ~2 ms for 109k ops. Otherwise, pointer
+    doubling: each step doubles how far up every row's ancestor is, so a tree of depth d
+    takes log2(d) gathers (~20 ms more), and an ancestor still there past `len` steps is on
+    a cycle."""
+    n = event.len()
+    if n == 0:
+        return None if parent.null_count() == parent.len() else "parents of no rows"
+    event, parent = event.cast(pl.Int64), parent.cast(pl.Int64)
+    if not (event.diff() > 0).all():
+        return "events not in increasing order"
+    if not parent.drop_nulls().is_in(event.implode()).all():
+        return "a parent that is no row of the frame"
+    if (parent < event).all():  # nulls aside
+        return None
+    has = parent.is_not_null()
+    up = event.search_sorted(parent).set(~has, None)  # each row's ancestor `steps` up
+    steps = 1
+    while up.null_count() < n:
+        if steps >= n:
+            return "a cycle of parents"
+        up = up.gather(up)
+        steps *= 2
+    return None
 
 
 def _schema_text(frame: pl.DataFrame) -> list[list[str]]:
@@ -419,7 +556,7 @@ def clear() -> tuple[int, int]:
     """Remove every entry (and temporary file); returns (entries, bytes) removed."""
     found = entries()
     for path, _ in found:
-        _remove(path)
+        _discard(path)
     with contextlib.suppress(OSError):
         for path in folder().glob(f"{TMP_PREFIX}*"):
             _remove(path)
@@ -429,6 +566,16 @@ def clear() -> tuple[int, int]:
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.unlink()
+
+
+def _discard(path: Path) -> None:
+    """Remove what lies at a damaged entry's name, whatever it is: a link (never what it
+    points to), a FIFO, a directory, so that the rebuilt entry can take the name."""
+    with contextlib.suppress(OSError):
+        if S_ISDIR(path.lstat().st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def describe() -> Iterator[tuple[str, str]]:

@@ -36,7 +36,8 @@ CATEGORY_KEY = "_cat"
 SYNC_CATS = ("cuda_sync",)
 FLOW_PHASES = ("s", "t", "f")
 INSTANT_PHASES = ("i", "I")
-STEP_NAME = r"^ProfilerStep#(\d+)$"
+# ASCII digits only: `\d` would also take `٣` (Arabic-Indic three), which no cast reads.
+STEP_NAME = r"^ProfilerStep#([0-9]+)$"
 MODULE_PREFIX = "nn.Module: "
 
 # JSON lists of integers, exactly: Polars' JSON decoder fails (it does not return null) on
@@ -389,15 +390,21 @@ def annotations(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def steps(events: pl.DataFrame) -> pl.DataFrame:
-    """`ProfilerStep#N` windows on the CPU; every op and kernel is attributed to one."""
+    """`ProfilerStep#N` windows on the CPU; every op and kernel is attributed to one.
+
+    N is what the profiler writes: ASCII digits of a number that fits 64 bits. A name of
+    another shape (`ProfilerStep#٣`, `ProfilerStep#99999999999999999999`) marks no step:
+    the range stays the annotation it also is, as any `record_function` name would."""
     rows = events.filter(
         (pl.col("ph") == "X")
         & (_cat() != "gpu_user_annotation")
         & pl.col("name").str.contains(STEP_NAME)
     )
+    number = pl.col("name").str.extract(STEP_NAME).cast(pl.Int64, strict=False)
     return (
         _base(rows)
-        .with_columns(pl.col("name").str.extract(STEP_NAME).cast(pl.Int64).alias("step"))
+        .with_columns(number.alias("step"))
+        .filter(pl.col("step").is_not_null())
         .unique("step", keep="first", maintain_order=True)
         .sort("ts_ns")
         .select("step", "event", "name", "pid", "tid", "ts_ns", "dur_ns", "end_ns")

@@ -22,19 +22,22 @@ from typing import IO, Any
 
 import polars as pl
 
-from traceq import __version__
 from traceq.loader.decode import JSON_TYPES, json_type
 from traceq.regression.dispatch import IMPL_SCHEMA, IMPL_SEP
 from traceq.regression.errors import BaselineError
 from traceq.regression.groups import DIMENSIONS, GROUP_SCHEMA, OP_TOTAL
 from traceq.regression.summary import Summary, summarize
 from traceq.trace import Trace
+from traceq.version import __version__
 
 VERSION_KEY = "traceq_baseline"
 # 2 added the `op_total` groups (every op at any depth); a version 1 baseline still reads,
 # and its op metrics fall back to the outermost-op groups (`check.op_dimension`).
-VERSION = 2
-READABLE = (1, 2)
+# 3 stores each finding compact (`compact_finding`: its identity and numbers, no evidence,
+# message or fix); a version 1 or 2 baseline's whole findings still read.
+VERSION = 3
+READABLE = (1, 2, 3)
+FINDING_FIELDS = ("rule", "name", "severity", "step", "module", "time_us", "est_saving_us")
 STORED = (*DIMENSIONS, OP_TOTAL)
 MAX_BYTES = 256 << 20  # a baseline is kilobytes; refuse to inflate a mislabelled trace
 BASES = ("gpu", "cpu")
@@ -55,8 +58,26 @@ def to_json(summary: Summary) -> dict[str, Any]:
         "total_wall_ns": summary.total_wall_ns,
         "groups": {dim: _groups_json(summary, dim) for dim in STORED},
         "dispatch": _dispatch_json(summary.dispatch),
-        "findings": summary.findings,
+        "findings": (
+            None if summary.findings is None else [compact_finding(f) for f in summary.findings]
+        ),
     }
+
+
+def compact_finding(finding: dict[str, Any]) -> dict[str, Any]:
+    """What a baseline keeps of a finding (`Finding.to_dict()`): what `check` and `diff`
+    match it by (`identity`: `diff.finding_identity`, computed once here from the evidence
+    it needs) and its numbers; not its evidence, message, model or fix, which are most of a
+    finding's bytes and come back from the trace when wanted."""
+    if "identity" in finding:  # already compact (a summary read from a baseline)
+        return finding
+    from traceq.regression.diff import finding_identity
+    from traceq.rules.finding import Finding
+
+    kept = {k: finding.get(k) for k in FINDING_FIELDS}
+    for k in ("time_us", "est_saving_us"):
+        kept[k] = round(float(kept[k] or 0.0), 3)
+    return {**kept, "identity": finding_identity(Finding.from_dict(finding))}
 
 
 def _dispatch_json(dispatch: pl.DataFrame) -> dict[str, Any]:

@@ -17,6 +17,7 @@ not as a new op; an op's row holds the time of the ops nested in it.
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from dataclasses import dataclass, field
@@ -92,6 +93,41 @@ class Diff:
         if rows.height == 0:
             raise KeyError(group)
         return rows.row(0, named=True)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the totals, then the groups that changed most (names from
+        the traces escaped; never the metadata)."""
+        esc = html.escape
+        totals = "".join(
+            f"<tr><td style='text-align:left'>{esc(t.label)}</td><td>{t.change.base:,.1f}</td>"
+            f"<td>{t.change.new:,.1f}</td><td>"
+            + (f"{t.change.rel:+.1%}" if t.change.rel is not None else "—")
+            + "</td></tr>"
+            for t in self.totals
+        )
+        shown = [
+            c for c in ("group", "status", "base_ns", "new_ns", "delta_ns") if c in self.groups
+        ]
+        rows = "".join(
+            "<tr>"
+            + "".join(
+                f"<td style='text-align:left'>{esc(str(v))}</td>"
+                if isinstance(v, str) or v is None
+                else f"<td>{v:,.1f}</td>"
+                for v in row
+            )
+            + "</tr>"
+            for row in self.groups.select(shown).head(10).iter_rows()
+        )
+        head = "".join(f"<th>{esc(c)}</th>" for c in shown)
+        return (
+            f"<div><p><b>Diff</b> by {esc(self.by)} ({esc(basis_label(self.basis))}"
+            f"{', per step' if self.per_step else ''}): {esc(self.base_source)} → "
+            f"{esc(self.new_source)}</p><table><tr><th>metric</th><th>base ns</th><th>new ns</th>"
+            f"<th>change</th></tr>{totals}</table>"
+            + (f"<table><tr>{head}</tr>{rows}</table>" if shown else "")
+            + "</div>"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -415,7 +451,8 @@ def findings_diff(
     def by_key(items: list[dict[str, Any]]) -> dict[str, tuple[int, dict[str, Any]]]:
         out: dict[str, tuple[int, dict[str, Any]]] = {}
         for item in items:
-            key = finding_identity(Finding.from_dict(item))
+            # a baseline's compact finding carries its identity (`baseline.compact_finding`)
+            key = item.get("identity") or finding_identity(Finding.from_dict(item))
             count, first = out.get(key, (0, item))
             out[key] = (count + 1, first)
         return out

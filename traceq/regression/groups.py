@@ -139,38 +139,149 @@ def timed_rows(trace: Trace, semantic: pl.DataFrame | None = None) -> pl.DataFra
     )
 
 
-def op_instances(ops: pl.DataFrame) -> pl.DataFrame:
-    """(`event`, `name`, `instance`): for each op, every name on its ancestor-or-self chain,
-    with the outermost op of that name on the chain (the instance its time counts towards).
+class _Tree:
+    """The op tree as arrays over `ops` sorted by event: `parent` position (-1: a root),
+    `levels` (positions per depth, roots first), and a pre-order numbering (`pre`, with
+    `size` ops in each subtree) in which every subtree is the contiguous range
+    `[pre, pre + size)`.
 
-    Built level by level with joins on `parent` (as deep as the deepest op), not per row."""
-    chain = ops.select(
-        pl.col("event").cast(pl.Int64),
-        pl.col("event").cast(pl.Int64).alias("ancestor"),
-        pl.col("parent").cast(pl.Int64).alias("_next"),
-    )
-    parent_of = ops.select(
-        pl.col("event").cast(pl.Int64).alias("_next"), pl.col("parent").cast(pl.Int64)
-    )
-    links = [chain.select("event", "ancestor")]
-    frontier = chain.filter(pl.col("_next").is_not_null())
-    while frontier.height:
-        step = frontier.select("event", pl.col("_next").alias("ancestor"), "_next")
-        links.append(step.select("event", "ancestor"))
-        frontier = (
-            step.join(parent_of, on="_next", how="inner")
-            .select("event", "ancestor", pl.col("parent").alias("_next"))
-            .filter(pl.col("_next").is_not_null())
-        )
-    names = ops.select(
-        pl.col("event").cast(pl.Int64).alias("ancestor"), "name", pl.col("depth").alias("_depth")
-    )
-    return (
-        pl.concat(links)
-        .join(names, on="ancestor", how="inner")
-        .sort("_depth")
-        .group_by("event", "name", maintain_order=True)
-        .agg(pl.col("ancestor").first().alias("instance"))
+    Every pass walks the tree a level at a time and touches each op once per pass, so time
+    and memory are linear in the number of ops (plus a numpy call per level), however deep
+    the ops nest: a chain of 20,000 nested ops is as cheap as 20,000 siblings."""
+
+    def __init__(self, ops: pl.DataFrame) -> None:
+        events = ops["event"].cast(pl.Int64).to_numpy()
+        parent_event = ops["parent"].cast(pl.Int64).fill_null(-1).to_numpy()
+        n = len(events)
+        at = np.minimum(np.searchsorted(events, parent_event), max(n - 1, 0))
+        found = (parent_event >= 0) & (events[at] == parent_event) if n else at.astype(bool)
+        self.parent = np.where(found, at, -1)
+        # Children grouped by parent (roots under -1), each group in event order.
+        kids = np.argsort(self.parent, kind="stable")
+        first = np.searchsorted(self.parent[kids], np.arange(-1, n), side="left")
+        last = np.searchsorted(self.parent[kids], np.arange(-1, n), side="right")
+        self.levels: list[np.ndarray] = []
+        level = kids[first[0] : last[0]]
+        while level.size:  # an op in a parent cycle (never made by `nesting`) is left out
+            self.levels.append(level)
+            lo, hi = first[level + 1], last[level + 1]
+            counts = hi - lo
+            starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
+            level = kids[starts + np.arange(int(counts.sum()))]
+        self.size = np.ones(n, dtype=np.int64)
+        for level in reversed(self.levels[1:]):
+            np.add.at(self.size, self.parent[level], self.size[level])
+        # Offset of each op among its siblings: the sizes of the siblings before it.
+        sizes = self.size[kids]
+        before = np.cumsum(sizes) - sizes  # running total over every group, exclusive
+        offset = np.empty(n, dtype=np.int64)
+        base = np.zeros(n + 1, dtype=np.int64)
+        nonempty = first < last
+        base[nonempty] = before[first[nonempty]]
+        offset[kids] = before - base[self.parent[kids] + 1]
+        self.pre = np.zeros(n, dtype=np.int64)
+        for depth, level in enumerate(self.levels):
+            if depth == 0:
+                self.pre[level] = offset[level]
+            else:
+                self.pre[level] = self.pre[self.parent[level]] + 1 + offset[level]
+
+
+def outermost_instances(ops: pl.DataFrame) -> pl.DataFrame:
+    """(`event`, `instance`): for each op, the outermost op of its name on its
+    ancestor-or-self chain, the instance its time counts towards (itself when no op of its
+    name encloses it).
+
+    Ops of one name never partly overlap in the tree, so in pre-order an op lies inside an
+    earlier one of its name exactly when it starts before the furthest end among them: a
+    sort and two running maxima, linear in memory whatever the nesting depth."""
+    ops = ops.sort("event")
+    tree = _Tree(ops)
+    n = ops.height
+    events = ops["event"].cast(pl.Int64)
+    if n == 0:
+        return pl.DataFrame({"event": events, "instance": events})
+    name = ops["name"].fill_null("").cast(pl.Categorical).to_physical().to_numpy()
+    order = np.lexsort((tree.pre, name))
+    group = np.concatenate(([0], np.cumsum(name[order][1:] != name[order][:-1])))
+    # Shift each name's pre-order range past the previous name's so one running maximum
+    # serves every name at once.
+    shift = group.astype(np.int64) * (n + 1)
+    start = tree.pre[order] + shift
+    end = start + tree.size[order]
+    reach = np.maximum.accumulate(end)
+    inside = np.zeros(n, dtype=bool)
+    inside[1:] = start[1:] < reach[:-1]
+    outer = np.maximum.accumulate(np.where(inside, 0, np.arange(n)))
+    instance = np.empty(n, dtype=np.int64)
+    instance[order] = order[outer]
+    return pl.DataFrame({"event": events, "instance": events.gather(pl.Series(instance))})
+
+
+def _instance_kernel_times(ops: pl.DataFrame, kernels: pl.DataFrame) -> pl.DataFrame:
+    """(`name`, `step`, `instance`, `time_ns`): per outermost instance and kernel step, the
+    time of the kernels launched anywhere beneath it. Each kernel's (instance, step) pair is
+    passed up from one outermost instance to the next enclosing one, deepest first, merged
+    with its siblings' at every stop: memory and time grow with the pairs that exist, never
+    with the number of ancestors times the number of ops."""
+    ops = ops.sort("event")
+    tree = _Tree(ops)
+    instances = outermost_instances(ops)
+    positions = np.arange(ops.height)
+    outer = instances["instance"].to_numpy() == instances["event"].to_numpy()
+    depth = np.zeros(ops.height, dtype=np.int64)
+    nearest = np.where(outer, positions, -1)  # nearest outer ancestor-or-self
+    for d, level in enumerate(tree.levels):
+        depth[level] = d
+        if d:
+            nearest[level] = np.where(outer[level], level, nearest[tree.parent[level]])
+    up = np.where(tree.parent >= 0, nearest[np.maximum(tree.parent, 0)], -1)
+    events = ops["event"].cast(pl.Int64).to_numpy()
+    launched = kernels.select(
+        pl.col("op_event").cast(pl.Int64), "step", pl.col("dur_ns").fill_null(0).cast(pl.Int64)
+    ).filter(pl.col("op_event").is_not_null())
+    op_event = launched["op_event"].to_numpy()
+    at = np.minimum(np.searchsorted(events, op_event), max(ops.height - 1, 0))
+    known = (events[at] == op_event) if ops.height else np.zeros(len(op_event), dtype=bool)
+    steps = launched["step"].fill_null(-1).to_numpy()[known]  # step numbers are never < 0
+    step_values, step_code = np.unique(steps, return_inverse=True)
+    width = max(len(step_values), 1)
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def send(owner: np.ndarray, code: np.ndarray, time: np.ndarray) -> None:
+        for d in np.unique(depth[owner]):
+            mine = depth[owner] == d
+            pending.setdefault(int(d), []).append((owner[mine] * width + code[mine], time[mine]))
+
+    owner = nearest[at[known]]
+    reached = owner >= 0  # an op outside the tree (a parent cycle) counts towards no instance
+    durations = launched["dur_ns"].to_numpy()[known]
+    send(owner[reached], step_code.astype(np.int64)[reached], durations[reached])
+    keys: list[np.ndarray] = []
+    times: list[np.ndarray] = []
+    while pending:  # deepest first: each stop sends only to shallower ones
+        arrived = pending.pop(max(pending))
+        key = np.concatenate([k for k, _ in arrived])
+        time = np.concatenate([t for _, t in arrived])
+        key, inverse = np.unique(key, return_inverse=True)
+        total = np.zeros(len(key), dtype=np.int64)
+        np.add.at(total, inverse, time)
+        keys.append(key)
+        times.append(total)
+        owner, code = key // width, key % width
+        onward = up[owner] >= 0
+        if onward.any():
+            send(up[owner[onward]], code[onward], total[onward])
+    key = np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    owner = key // width
+    step = step_values[key % width] if len(step_values) else np.zeros(0, dtype=np.int64)
+    return pl.DataFrame(
+        {
+            "name": ops["name"].gather(pl.Series(owner)),
+            "step": pl.Series(step, dtype=pl.Int64).set(pl.Series(step < 0), None),
+            "instance": pl.Series(events[owner], dtype=pl.Int64),
+            "time_ns": pl.Series(np.concatenate(times) if times else [], dtype=pl.Int64),
+        }
     )
 
 
@@ -181,18 +292,14 @@ def op_totals(trace: Trace) -> pl.DataFrame:
     ops = trace.ops
     if ops.height == 0:
         return pl.DataFrame(schema=GROUP_SCHEMA)
-    instances = op_instances(ops)
     if time_basis(trace) == "gpu":
-        rows = trace.kernels.select(
-            pl.col("op_event").cast(pl.Int64).alias("event"),
-            "step",
-            pl.col("dur_ns").fill_null(0).alias("time_ns"),
-        ).join(instances, on="event", how="inner")
+        rows = _instance_kernel_times(ops, trace.kernels)
     else:
         rows = (
-            instances.filter(pl.col("event") == pl.col("instance"))
+            outermost_instances(ops)
+            .filter(pl.col("event") == pl.col("instance"))
             .join(
-                ops.select(pl.col("event").cast(pl.Int64), "step", "dur_ns"),
+                ops.select(pl.col("event").cast(pl.Int64), "name", "step", "dur_ns"),
                 on="event",
                 how="left",
             )

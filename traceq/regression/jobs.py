@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from traceq import __version__
 from traceq.job.engine import Task
 from traceq.job.job import Job
 from traceq.regression.baseline import dumps, from_json, read_head, to_json
@@ -28,6 +27,7 @@ from traceq.regression.check import CheckResult, check, verdict
 from traceq.regression.errors import BaselineError
 from traceq.regression.stats import compare
 from traceq.regression.summary import Summary
+from traceq.version import __version__
 
 JOB_KEY = "traceq_job_baseline"
 JOB_VERSION = 1

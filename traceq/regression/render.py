@@ -3,7 +3,8 @@ one self-contained HTML page (`traceq.reports.html`: plotly inline, tables under
 
 Text, Markdown and HTML are drawn from the same sections (a title, a header, rows of
 strings), so they never disagree; HTML adds a chart of the changes. JSON is the objects'
-`to_dict()`, with every number exact.
+`to_dict()`, with every number exact. Names from the traces are clipped where a section
+is built (`safe_text.clip`) and escaped for each format where it is drawn.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,7 @@ from traceq.regression.check import CheckResult, Metric
 from traceq.regression.diff import Diff, basis_label
 from traceq.regression.dispatch import IMPL_SEP
 from traceq.regression.stats import Change
+from traceq.reports.safe_text import LINE_CHARS, clip, markdown, terminal
 
 FORMATS = ("text", "json", "markdown", "html")
 TOP = 25
@@ -99,12 +103,17 @@ def _diff_sections(diff: Diff, top: int) -> list[Section]:
     unit = "per step" if diff.per_step else "whole trace"
     head = Section(
         f"traceq diff by {diff.by} — {basis_label(diff.basis.split('/')[0])}, {unit}",
-        lines=[f"base: {diff.base_source}", f"new:  {diff.new_source}", *diff.notes],
+        lines=[
+            clip(line, LINE_CHARS)
+            for line in (f"base: {diff.base_source}", f"new:  {diff.new_source}", *diff.notes)
+        ],
     )
     totals = Section("Totals", ["metric", "base", "new", "change", "95% interval, test", "verdict"])
     for total in diff.totals:
         c = total.change
         verdict = "outside noise" if c.significant else "no change (inside noise)"
+        if c.too_few and c.rel is not None:
+            verdict = c.too_few_text
         totals.rows.append(
             [total.label, fmt_ns(c.base), fmt_ns(c.new), fmt_pct(c.rel), fmt_noise(c), verdict]
         )
@@ -117,8 +126,8 @@ def _diff_sections(diff: Diff, top: int) -> list[Section]:
             kind = "fused kernel" if f.dim == "kernel" else "fused op"
             fused.rows.append(
                 [
-                    f"{f.fused} ({kind})",
-                    " + ".join(f.parts),
+                    f"{clip(f.fused)} ({kind})",
+                    " + ".join(clip(p) for p in f.parts),
                     f"{fmt_ns(f.base_ns)} → {fmt_ns(f.new_ns)}",
                     f"{fmt_count(f.base_calls)} → {fmt_count(f.new_calls)}",
                 ]
@@ -152,15 +161,18 @@ def _diff_sections(diff: Diff, top: int) -> list[Section]:
         for row in diff.dispatch.head(top).iter_rows(named=True):
             dispatch.rows.append(
                 [
-                    row["op"],
-                    (row["shapes"] or "—")
+                    clip(row["op"]),
+                    clip(row["shapes"] or "—")
                     + (f" (call {row['call'] + 1} in a step)" if row["call"] is not None else ""),
                     f"{_impl(row['base_impl'])} → {_impl(row['new_impl'])}",
-                    row["change"]
-                    + (
-                        f"; inputs {row['base_types']} → {row['new_types']}"
-                        if row["base_types"] != row["new_types"]
-                        else ""
+                    clip(
+                        row["change"]
+                        + (
+                            f"; inputs {row['base_types']} → {row['new_types']}"
+                            if row["base_types"] != row["new_types"]
+                            else ""
+                        ),
+                        LINE_CHARS,
                     ),
                     f"{fmt_ns(row['base_ns_per_call'])} → {fmt_ns(row['new_ns_per_call'])}",
                 ]
@@ -201,7 +213,8 @@ def short_name(name: str, limit: int = 56) -> str:
     name = name.split(IMPL_SEP)[0].removeprefix("void ")
     if name.endswith(")") and "(" in name and " (" not in name:
         depth = 0
-        for i in range(len(name) - 1, -1, -1):  # strip the trailing, balanced "(...)"
+        # strip the trailing, balanced "(...)", looked for in the last 10,000 characters
+        for i in range(len(name) - 1, max(len(name) - 10_000, 0) - 1, -1):
             depth += {")": 1, "(": -1}.get(name[i], 0)
             if depth == 0:
                 name = name[:i].rstrip() or name
@@ -220,10 +233,10 @@ def _findings_section(
             section.rows.append(
                 [
                     mark,
-                    f"{item.get('rule')} {item.get('name')}",
-                    item.get("module") or "—",
+                    f"{item.get('rule')} {clip(item.get('name'))}",
+                    clip(item.get("module") or "—"),
                     str(item.get("count")),
-                    str(item.get("message") or ""),
+                    clip(item.get("message") or item.get("key") or "", LINE_CHARS),
                 ]
             )
         if len(ranked) > top:
@@ -250,10 +263,13 @@ def _check_sections(result: CheckResult) -> list[Section]:
     head = Section(
         f"traceq check — {status}",
         lines=[
-            f"baseline: {result.base_source}",
-            f"trace:    {result.new_source}",
-            f"compared: {unit}",
-            *result.notes,
+            clip(line, LINE_CHARS)
+            for line in (
+                f"baseline: {result.base_source}",
+                f"trace:    {result.new_source}",
+                f"compared: {unit}",
+                *result.notes,
+            )
         ],
     )
     table = Section("Metrics", ["metric", "base", "new", "change", "95% interval, test", "verdict"])
@@ -273,6 +289,8 @@ def _metric_row(metric: Metric) -> list[str]:
     mark = {"regressed": "✗ regressed", "improved": "✓ improved"}.get(
         metric.verdict, metric.verdict
     )
+    if c.too_few and c.rel is not None:  # beyond the limit on the interval alone, said so
+        mark = c.too_few_text if metric.verdict == "no change" else f"{mark}; {c.too_few_text}"
     return [
         _metric_label(metric),
         fmt_ns(c.base),
@@ -287,7 +305,7 @@ def _metric_label(metric: Metric) -> str:
     """Kernel metrics by their short name (the full one is in the JSON)."""
     if metric.spec.startswith("kernel:") and len(metric.groups) == 1:
         return f"kernel {short_name(metric.groups[0])}"
-    return metric.label
+    return clip(metric.label)
 
 
 # -- output -----------------------------------------------------------------------------
@@ -304,18 +322,21 @@ def _text(sections: list[Section], width: int | None) -> str:
     from rich.table import Table
 
     buffer = io.StringIO()
+    if not width and not sys.stdout.isatty():  # a pipe, a CI log: whole rows, not folded
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) > 0 else LINE_CHARS
     width = width or max(100, shutil.get_terminal_size((120, 24)).columns)
     console = Console(file=buffer, width=width, force_terminal=False, no_color=True)
     for i, section in enumerate(sections):
-        console.print(section.title, style="bold", markup=False, highlight=False)
+        console.print(terminal(section.title, LINE_CHARS, "bold"), highlight=False)
         for line in section.lines:
-            console.print(f"  {line}", markup=False, highlight=False)
+            console.print(terminal(f"  {line}", LINE_CHARS), highlight=False)
         if section.header:
             table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
             for column in section.header:
                 table.add_column(column, overflow="fold")
             for row in section.rows:
-                table.add_row(*row)
+                table.add_row(*(terminal(cell, LINE_CHARS) for cell in row))
             console.print(table)
         if i < len(sections) - 1:
             console.print()
@@ -396,7 +417,8 @@ def _diff_chart(diff: Diff, top: int) -> Chart:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Text for Markdown, shown as it is: never a link, an image or HTML (`safe_text`)."""
+    return markdown(text, LINE_CHARS)
 
 
 def _json(data: dict[str, Any]) -> str:

@@ -52,6 +52,19 @@ class Change:
         return not self.one_sample and min_p_value(self.n_base, self.n_new) < ALPHA
 
     @property
+    def too_few(self) -> bool:
+        """Too few steps to judge: more than one on each side, but too few for the U test to
+        reach its level (3 + 3 steps give at best p = 0.1), so "outside the noise" would
+        rest on an interval from three numbers."""
+        return not self.one_sample and not self.test_can_decide
+
+    @property
+    def too_few_text(self) -> str:
+        """'too few steps to judge (n=3; need ≥ 4)'."""
+        n = min(self.n_base, self.n_new)
+        return f"too few steps to judge (n={n}; need ≥ {min_steps()})"
+
+    @property
     def significant(self) -> bool:
         """Outside the noise: the interval excludes 0 and, where it can, the test rejects."""
         if self.rel is None:
@@ -72,8 +85,8 @@ class Change:
             return "one sample: no noise estimate, the decision rests on one measurement"
         if not self.test_can_decide:
             return (
-                f"{self.n_base}+{self.n_new} steps: too few for the U test, "
-                "the bootstrap interval decides"
+                f"{self.n_base}+{self.n_new} steps: too few to judge the noise (the U test "
+                f"needs ≥ {min_steps()} a side), the bootstrap interval decides"
             )
         return f"{self.n_base}+{self.n_new} steps: bootstrap interval and Mann–Whitney U"
 
@@ -90,6 +103,11 @@ class Change:
             "n_new": self.n_new,
             "significant": self.significant,
         }
+
+
+def min_steps() -> int:
+    """The fewest steps a side needs (both sides equal) for the U test to reach `ALPHA`."""
+    return next(n for n in range(2, 64) if min_p_value(n, n) < ALPHA)
 
 
 def min_p_value(n: int, m: int) -> float:

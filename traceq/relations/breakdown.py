@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from traceq.relations import autograd
+from traceq.relations import autograd, overlap
 from traceq.relations.collectives import COMM_KERNEL, host_ranges, outermost, rank_collectives
+from traceq.relations.intervals import union_ns
 
 if TYPE_CHECKING:
-    from traceq.trace import Trace
+    from traceq.loader.loaded import LoadedTrace
 
 BREAKDOWN = {
     "step": pl.Int64,
@@ -37,25 +38,6 @@ BREAKDOWN = {
 BACKWARD_OP = autograd.ENGINE_FRAME
 
 
-def union_ns(intervals: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Per group of `by`, the length of the union of its `ts_ns`..`end_ns` intervals.
-
-    One sweep over each group's intervals in start order (a group keeps the frame's row
-    order): each adds what it reaches past the furthest end before it. (Merging overlapping
-    intervals into blocks first took two window passes and a second `group_by`: 16.7 ms of
-    a rank's ~250 in a job's map, against 2.8 now.)"""
-    if intervals.height == 0:
-        return pl.DataFrame(schema={**{c: intervals.schema[c] for c in by}, "union_ns": pl.Int64})
-    reach = pl.col("end_ns").cum_max().shift(1)  # null for a group's first interval
-    beyond = (pl.col("end_ns") - pl.max_horizontal("ts_ns", reach)).clip(lower_bound=0)
-    return (
-        intervals.select(*by, "ts_ns", "end_ns")
-        .sort(*by, "ts_ns")
-        .group_by(by)
-        .agg(beyond.sum().alias("union_ns"))
-    )
-
-
 def kernel_type(kind: pl.Expr, name: pl.Expr) -> pl.Expr:
     """HTA's kernel types: COMM (NCCL/RCCL), MEM (memcpy/memset), COMP (everything else)."""
     return (
@@ -67,7 +49,7 @@ def kernel_type(kind: pl.Expr, name: pl.Expr) -> pl.Expr:
     )
 
 
-def kernel_breakdown(trace: Trace) -> pl.DataFrame:
+def kernel_breakdown(trace: LoadedTrace) -> pl.DataFrame:
     """Per kernel type: count, summed time and share of all GPU activity time."""
     kernels = trace.kernels.with_columns(kernel_type(pl.col("kind"), pl.col("name")).alias("type"))
     total = kernels["dur_ns"].sum() or 1
@@ -79,7 +61,7 @@ def kernel_breakdown(trace: Trace) -> pl.DataFrame:
     )
 
 
-def typed_intervals(trace: Trace) -> pl.DataFrame:
+def typed_intervals(trace: LoadedTrace) -> pl.DataFrame:
     """The rank's timed work as `step, type, ts_ns, end_ns` (type COMM / COMP / MEM), on
     the GPU when it has GPU activity, else on the host (outermost ranges per thread)."""
     kernels = trace.kernels
@@ -98,11 +80,11 @@ def typed_intervals(trace: Trace) -> pl.DataFrame:
     return work.filter(pl.col("step").is_not_null() | (trace.steps.height == 0))
 
 
-def step_breakdown(trace: Trace) -> pl.DataFrame:
+def step_breakdown(trace: LoadedTrace) -> pl.DataFrame:
     """One row per step (`BREAKDOWN`); a trace without steps gets one row, `step` null, for
     all of it. Exposed communication is |COMM ∪ COMP| − |COMP|: the COMM time no compute
-    ran beside; `hideable_comm_ns` is the part of it that idle compute could hide
-    (`hideable_comm`)."""
+    ran beside; `hideable_comm_ns` is the part of it that compute independent of the
+    collective could hide (`overlap.hideable_comm`)."""
     on = "gpu" if trace.kernels.height else "cpu"
     work = typed_intervals(trace)
     if work.height == 0:
@@ -116,7 +98,7 @@ def step_breakdown(trace: Trace) -> pl.DataFrame:
     by_type = union_ns(work, ["step", "type"]).pivot(on="type", index="step", values="union_ns")
     busy = union_ns(work, ["step"]).rename({"union_ns": "busy_ns"})
     compute_or_comm = union_ns(work.filter(pl.col("type") != "MEM"), ["step"])
-    hideable = hideable_comm(work, backward_starts(trace, on))
+    hideable = overlap.hideable_comm(trace, work, on)  # independent compute only
     frame = (
         spans.join(busy, on="step", how="left", nulls_equal=True)
         .join(by_type, on="step", how="left", nulls_equal=True)
@@ -143,12 +125,12 @@ def step_breakdown(trace: Trace) -> pl.DataFrame:
     )
 
 
-def backward_starts(trace: Trace, on: str) -> pl.DataFrame:
+def backward_starts(trace: LoadedTrace, on: str) -> pl.DataFrame:
     """Per step, where its backward begins (`step, backward_ns`): the first autograd node
     (`autograd::engine::evaluate_function: ...`) on the host; on a GPU rank, the first GPU
     activity launched from then on. Steps without one (inference, no autograd ops) have no
     row."""
-    nodes = trace.ops.filter(pl.col("name").str.starts_with(BACKWARD_OP))
+    nodes = trace.ops.filter(autograd.is_frame())
     host = nodes.group_by("step").agg(pl.col("ts_ns").min().alias("backward_ns"))
     host = host.filter(pl.col("step").is_not_null())
     if on == "cpu" or host.height == 0:
@@ -244,7 +226,7 @@ def hideable_comm(work: pl.DataFrame, backward: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def step_ranges(trace: Trace) -> pl.DataFrame:
+def step_ranges(trace: LoadedTrace) -> pl.DataFrame:
     """Per step, the host time in each range name on the step's own thread (ops and
     `record_function` ranges, at any depth, so a range nested in `forward` shows by its own
     name), and `(untraced)`: step time in no range at all (Python, sleeps, data loading

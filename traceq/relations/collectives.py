@@ -1,6 +1,6 @@
 """Collectives of one rank, and the same collective matched across the ranks of a job.
 
-One rank's side (`rank_collectives`) is a map step: it turns a loaded `Trace` into one
+One rank's side (`rank_collectives`) is a map step: it turns a loaded trace into one
 compact row per collective call — what it was (Kineto's `record_param_comms` arguments:
 collective name, process group, sequence number, message sizes, dtype, group size, or
 what the NCCL/RCCL kernel's name says when the arguments are missing), where it ran (the
@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from traceq.relations.intervals import union_ns
+
 if TYPE_CHECKING:
-    from traceq.trace import Trace
+    from traceq.loader.loaded import LoadedTrace
 
 # NCCL/RCCL kernels by today's names (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`, NCCL ≥ 2.19)
 # and the old ones (`ncclKernel_AllReduce_RING_LL_Sum_float(...)`).
@@ -106,7 +108,7 @@ def normalize_collective(name: pl.Expr) -> pl.Expr:
     )
 
 
-def rank_collectives(trace: Trace, rank: int | None = None) -> pl.DataFrame:
+def rank_collectives(trace: LoadedTrace, rank: int | None = None) -> pl.DataFrame:
     """One row per collective this rank ran (see `COLUMNS`), in time order.
 
     GPU ranks: one row per NCCL/RCCL kernel, with the kernel's own collective arguments
@@ -121,7 +123,7 @@ def rank_collectives(trace: Trace, rank: int | None = None) -> pl.DataFrame:
     return _finish(rows, rank)
 
 
-def _args(trace: Trace, frame: pl.DataFrame) -> pl.DataFrame:
+def _args(trace: LoadedTrace, frame: pl.DataFrame) -> pl.DataFrame:
     """The collective arguments (`ARG_FIELDS`) of `frame`'s events, row-aligned."""
     from traceq.loader.frames import args_frame, as_int
 
@@ -131,7 +133,7 @@ def _args(trace: Trace, frame: pl.DataFrame) -> pl.DataFrame:
     return raw.with_columns(as_int(c).alias(c) for c in ints)
 
 
-def _gpu_rows(trace: Trace, kernels: pl.DataFrame) -> pl.DataFrame:
+def _gpu_rows(trace: LoadedTrace, kernels: pl.DataFrame) -> pl.DataFrame:
     own = _args(trace, kernels)
     rows = pl.concat(
         [kernels.select("event", "name", "step", "ts_ns", "end_ns", "dur_ns", "op_event"), own],
@@ -173,7 +175,7 @@ def _name_part(words: tuple[str, ...]) -> str:
     return r"_(" + "|".join(ordered) + r")(?:_|\(|$)"
 
 
-def host_ranges(trace: Trace) -> pl.DataFrame:
+def host_ranges(trace: LoadedTrace) -> pl.DataFrame:
     """CPU ops and `record_function` ranges (gloo writes its collectives as ranges on its
     worker threads), without the `ProfilerStep` ranges themselves."""
     columns = ["event", "name", "pid", "tid", "ts_ns", "end_ns", "dur_ns", "step"]
@@ -184,7 +186,7 @@ def host_ranges(trace: Trace) -> pl.DataFrame:
     return pl.concat(frames, how="vertical_relaxed")
 
 
-def _cpu_rows(trace: Trace) -> pl.DataFrame:
+def _cpu_rows(trace: LoadedTrace) -> pl.DataFrame:
     """The backend's own ranges (`gloo:all_reduce` on its worker thread: the collective
     itself), else the ops that enqueue collectives (`record_param_comms`, `c10d::*`)."""
     ranges = host_ranges(trace)
@@ -324,8 +326,6 @@ def step_waits(matched: pl.DataFrame) -> pl.DataFrame:
     """Per rank, step and the rank it waited for (`last_rank`): the wall time spent waiting
     (`wait_ns`, the union of its calls' waits: two buckets waiting for the same late rank at
     once count once) and the calls it waited in."""
-    from traceq.relations.breakdown import union_ns
-
     waits = matched.filter(
         (pl.col("wait_ns") > 0) & (pl.col("rank") != pl.col("last_rank"))
     ).with_columns(

@@ -25,6 +25,7 @@ stream) and idle (gaps between top-level CPU ops, where nothing traced ran).
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,26 +35,18 @@ from scipy.sparse import csr_array
 from scipy.sparse.csgraph import dijkstra
 
 from traceq.errors import TraceError
+from traceq.relations.causes import CAUSE_LABELS, CAUSES
 from traceq.relations.graph import host_waits, launched, stream_waits
 from traceq.relations.link import LAUNCH_API
 from traceq.relations.nesting import NONE, depths, parents
 
 if TYPE_CHECKING:
-    from traceq.trace import Trace
+    from traceq.loader.loaded import LoadedTrace
 
 Region = int | str | tuple[str, int] | tuple[int, int] | None
 """A step number, an annotation name (first instance), (name, instance), (start_ns, end_ns),
 or None for the whole trace."""
 
-CAUSES = (
-    "cpu_bound",
-    "gpu_compute",
-    "gpu_communication",
-    "launch_overhead",
-    "kernel_to_kernel_overhead",
-    "sync_wait",
-    "idle",
-)
 BLOCKING = (
     r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventQuery|EventSynchronize|Memcpy|"
     r"MemcpyAsync)$"
@@ -76,6 +69,49 @@ class CriticalPath:
     events: pl.DataFrame = field(repr=False)
     """The events of the region's graph (event, name, kind, device, stream, tid)."""
     graph_size: dict[str, int] = field(default_factory=dict)
+    label: str = ""
+    """The region as asked for: "step 3", "annotation 'forward' #0", "the trace"."""
+
+    def __repr__(self) -> str:
+        """One line: "<CriticalPath step 3: 1,234.5 µs, 57 events, 62% GPU compute>"."""
+        head = f"CriticalPath {self.label}: " if self.label else "CriticalPath "
+        return (
+            f"<{head}{self.length_us:,.1f} µs, {len(self.critical_events):,} events{self._most()}>"
+        )
+
+    def _most(self) -> str:
+        """ ", 62% GPU compute": the cause with most of the path's time ("" when empty)."""
+        if not self.edges.height:
+            return ""
+        cause, pct = max(self.breakdown_pct.items(), key=lambda kv: kv[1])
+        return f", {pct:.0f}% {CAUSE_LABELS[cause]}"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: length, region, the causes and the heaviest events (names
+        from the trace escaped)."""
+        esc = html.escape
+        start, end = self.region
+        head = (
+            f"<b>Critical path</b> {esc(self.label)}: {self.length_us:,.1f} µs of a "
+            f"{(end - start) / 1e3:,.1f} µs region, {len(self.critical_events):,} events"
+        )
+        causes = "".join(
+            f"<tr><td style='text-align:left'>{esc(CAUSE_LABELS[c])}</td>"
+            f"<td>{self.breakdown_ns[c] / 1e3:,.1f}</td><td>{pct:.1f}</td></tr>"
+            for c, pct in sorted(self.breakdown_pct.items(), key=lambda kv: -kv[1])
+            if pct > 0
+        )
+        heaviest = "".join(
+            f"<tr><td style='text-align:left'>{esc(str(r['name']))}</td>"
+            f"<td style='text-align:left'>{esc(str(r['kind']))}</td>"
+            f"<td>{r['time_ns'] / 1e3:,.1f}</td><td>{r['pct']:.1f}</td></tr>"
+            for r in self.top(10).iter_rows(named=True)
+        )
+        return (
+            f"<div><p>{head}</p><table><tr><th>cause</th><th>µs</th><th>%</th></tr>{causes}"
+            f"</table><table><tr><th>heaviest on the path</th><th>kind</th><th>µs</th>"
+            f"<th>%</th></tr>{heaviest}</table></div>"
+        )
 
     def __len__(self) -> int:
         """Points on the path."""
@@ -124,6 +160,24 @@ class CriticalPath:
             .select("event", "name", "kind", "time_ns", "pct")
         )
 
+    def top_names(self, n: int = 10) -> pl.DataFrame:
+        """The names with the most time on the path, their events summed (24 layers' GELU is
+        one row): name, kind, events, time_ns, pct."""
+        total = self.length_ns or 1
+        return (
+            self.edges.filter(pl.col("event").is_not_null())
+            .join(self.events.select("event", "name", "kind"), on="event", how="left")
+            .group_by("name", "kind")
+            .agg(
+                pl.col("event").n_unique().alias("events"),
+                pl.col("weight_ns").sum().alias("time_ns"),
+            )
+            .with_columns((100 * pl.col("time_ns") / total).alias("pct"))
+            .sort("time_ns", "name", descending=[True, False], nulls_last=True)
+            .head(n)
+            .select("name", "kind", "events", "time_ns", "pct")
+        )
+
     @property
     def critical_events(self) -> list[int]:
         """Events with a point on the path, in path order."""
@@ -146,6 +200,16 @@ class CriticalPath:
                 }
                 for r in self.top(top).iter_rows(named=True)
             ],
+            "top_names": [
+                {
+                    "name": r["name"],
+                    "kind": r["kind"],
+                    "events": r["events"],
+                    "time_us": r["time_ns"] / 1000,
+                    "pct": r["pct"],
+                }
+                for r in self.top_names(top).iter_rows(named=True)
+            ],
             "nodes": self.nodes.height,
             "events": len(self.critical_events),
             "graph": self.graph_size,
@@ -155,7 +219,7 @@ class CriticalPath:
 # -- region ---------------------------------------------------------------------------------
 
 
-def window(trace: Trace, region: Region) -> tuple[int, int]:
+def window(trace: LoadedTrace, region: Region) -> tuple[int, int]:
     """(start_ns, end_ns) of a region; raises `TraceError` when it is not in the trace."""
     if region is None:
         timed = pl.concat(
@@ -186,7 +250,7 @@ def window(trace: Trace, region: Region) -> tuple[int, int]:
     return start, end
 
 
-def _annotation(trace: Trace, name: str, instance: int) -> tuple[int, int]:
+def _annotation(trace: LoadedTrace, name: str, instance: int) -> tuple[int, int]:
     """The `instance`-th (0-based, by start time) CPU annotation or op named `name`; when
     none has exactly that name, those whose name contains it (as HTA matches)."""
     spans = pl.concat(
@@ -209,7 +273,7 @@ def _annotation(trace: Trace, name: str, instance: int) -> tuple[int, int]:
 # -- graph ----------------------------------------------------------------------------------
 
 
-def critical_path(trace: Trace, region: Region = None) -> CriticalPath:
+def critical_path(trace: LoadedTrace, region: Region = None) -> CriticalPath:
     """The critical path of `region` (see `Region`); the whole trace by default."""
     start, end = window(trace, region)
     cpu = _cpu_events(trace, start, end)
@@ -227,10 +291,23 @@ def critical_path(trace: Trace, region: Region = None) -> CriticalPath:
         ]
     )
     size = {"nodes": nodes.height, "edges": edges.height, "events": events.height}
-    return CriticalPath((start, end), path_nodes, path_edges, events, size)
+    return CriticalPath((start, end), path_nodes, path_edges, events, size, _label(region))
 
 
-def _cpu_events(trace: Trace, start: int, end: int) -> pl.DataFrame:
+def _label(region: Region) -> str:
+    """The region in words, for a path's repr."""
+    if region is None:
+        return "the trace"
+    if isinstance(region, int) and not isinstance(region, bool):
+        return f"step {region}"
+    if isinstance(region, str):
+        return f"annotation {region!r}"
+    if isinstance(region[0], str):
+        return f"annotation {region[0]!r} #{int(region[1])}"
+    return f"window {int(region[0]):,} .. {int(region[1]):,} ns"
+
+
+def _cpu_events(trace: LoadedTrace, start: int, end: int) -> pl.DataFrame:
     """Ops and runtime calls that start in the window and last (HTA's selection)."""
     columns = ["event", "name", "pid", "tid", "ts_ns", "end_ns"]
     frame = pl.concat(
@@ -248,7 +325,7 @@ def _cpu_events(trace: Trace, start: int, end: int) -> pl.DataFrame:
     )
 
 
-def _gpu_activities(trace: Trace, cpu: pl.DataFrame) -> pl.DataFrame:
+def _gpu_activities(trace: LoadedTrace, cpu: pl.DataFrame) -> pl.DataFrame:
     """GPU activities launched by a runtime call of the window."""
     return (
         launched(trace)
@@ -366,7 +443,7 @@ def _edge(
     ]
 
 
-def _gpu_edges(trace: Trace, cpu: pl.DataFrame, gpu: pl.DataFrame) -> list[pl.DataFrame]:
+def _gpu_edges(trace: LoadedTrace, cpu: pl.DataFrame, gpu: pl.DataFrame) -> list[pl.DataFrame]:
     """Span, launch-delay / kernel-kernel-delay and sync edges of the GPU activities."""
     if gpu.height == 0:
         return []
@@ -440,7 +517,7 @@ def _gpu_edges(trace: Trace, cpu: pl.DataFrame, gpu: pl.DataFrame) -> list[pl.Da
     return [span, launch, gap, gpu_wait, host]
 
 
-def _queue_lengths(trace: Trace, gpu: pl.DataFrame) -> pl.DataFrame:
+def _queue_lengths(trace: LoadedTrace, gpu: pl.DataFrame) -> pl.DataFrame:
     """Work queued on each activity's stream right after its launch and right after it
     started (HTA's queue length: +1 per launch call, -1 per activity start), counted over
     the whole trace with one binary search per activity of the window."""

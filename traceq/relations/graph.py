@@ -27,7 +27,7 @@ import polars as pl
 from traceq.relations.link import LAUNCH_API
 
 if TYPE_CHECKING:
-    from traceq.trace import Trace
+    from traceq.loader.loaded import LoadedTrace
 
 Level = Literal["kernel", "full"]
 EDGE_KINDS = ("stream", "launch", "cpu_order", "cross_stream_sync", "host_sync", "fwdbwd")
@@ -42,7 +42,7 @@ _WAIT_SCHEMA = {"src": pl.Int64, "dst": pl.Int64, "sync": pl.Int64, "call": pl.I
 # -- GPU side -------------------------------------------------------------------------------
 
 
-def launched(trace: Trace) -> pl.DataFrame:
+def launched(trace: LoadedTrace) -> pl.DataFrame:
     """GPU activities with their launch: event, device, stream, ts_ns, end_ns, name, kind,
     runtime_event, launch_ts_ns, launch_pid, launch_tid (launch columns null if none)."""
     return trace.kernels.select(
@@ -80,7 +80,7 @@ def launch_edges(activities: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _runtime_by_correlation(trace: Trace) -> pl.DataFrame:
+def _runtime_by_correlation(trace: LoadedTrace) -> pl.DataFrame:
     return (
         trace.runtime.filter(pl.col("correlation").is_not_null())
         .unique("correlation", keep="first")
@@ -127,7 +127,7 @@ def _last_launched_before(
     return probe.join(found.select("_row", "event"), on="_row", how="left").sort("_row")["event"]
 
 
-def stream_waits(trace: Trace, activities: pl.DataFrame | None = None) -> pl.DataFrame:
+def stream_waits(trace: LoadedTrace, activities: pl.DataFrame | None = None) -> pl.DataFrame:
     """Cross-stream syncs: src = the activity a `cudaEventRecord` captured, dst = the first
     activity launched onto the waiting stream after the `cudaStreamWaitEvent`.
 
@@ -193,7 +193,7 @@ def stream_waits(trace: Trace, activities: pl.DataFrame | None = None) -> pl.Dat
     )
 
 
-def host_waits(trace: Trace, activities: pl.DataFrame | None = None) -> pl.DataFrame:
+def host_waits(trace: LoadedTrace, activities: pl.DataFrame | None = None) -> pl.DataFrame:
     """GPU activity -> the runtime call that blocked the CPU until it was done.
 
     From `cuda_sync` events when the trace has them (Context Sync: the last activity on
@@ -239,7 +239,7 @@ def _last_started_before(
     )
 
 
-def _host_waits_from_syncs(trace: Trace, activities: pl.DataFrame) -> pl.DataFrame:
+def _host_waits_from_syncs(trace: LoadedTrace, activities: pl.DataFrame) -> pl.DataFrame:
     calls = _runtime_by_correlation(trace)
     syncs = trace.syncs.join(calls, on="correlation", how="inner").with_columns(
         pl.col("call").alias("dst")
@@ -278,7 +278,7 @@ def _host_waits_from_syncs(trace: Trace, activities: pl.DataFrame) -> pl.DataFra
     return pl.concat(parts).cast({"src": pl.Int64, "dst": pl.Int64})
 
 
-def _host_waits_from_names(trace: Trace, activities: pl.DataFrame) -> pl.DataFrame:
+def _host_waits_from_names(trace: LoadedTrace, activities: pl.DataFrame) -> pl.DataFrame:
     calls = trace.runtime.filter(
         pl.col("name").str.contains(DEVICE_SYNC) | pl.col("name").str.contains(STREAM_SYNC)
     ).select(
@@ -345,7 +345,7 @@ def _cpu_nodes(frame: pl.DataFrame, kind: str) -> pl.DataFrame:
 
 
 def cpu_events(
-    trace: Trace,
+    trace: LoadedTrace,
     level: Level,
     *,
     host: pl.DataFrame | None = None,
@@ -383,7 +383,7 @@ def cpu_order_edges(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def fwdbwd_edges(trace: Trace) -> pl.DataFrame:
+def fwdbwd_edges(trace: LoadedTrace) -> pl.DataFrame:
     """Forward op -> backward op, from the profiler's `fwdbwd` flow events."""
     flows = trace.flows.filter(
         (pl.col("cat") == "fwdbwd")
@@ -419,7 +419,7 @@ def fwdbwd_edges(trace: Trace) -> pl.DataFrame:
 # -- the graph ------------------------------------------------------------------------------
 
 
-def graph_edges(trace: Trace, level: Level = "kernel") -> pl.DataFrame:
+def graph_edges(trace: LoadedTrace, level: Level = "kernel") -> pl.DataFrame:
     """Every dependency edge of the `level` graph: src, dst (event ids), kind."""
     activities = launched(trace)
     waits = stream_waits(trace, activities)
@@ -440,14 +440,14 @@ def graph_edges(trace: Trace, level: Level = "kernel") -> pl.DataFrame:
     return edges.unique(["src", "dst", "kind"], maintain_order=True)
 
 
-def graph_nodes(trace: Trace, level: Level = "kernel") -> pl.DataFrame:
+def graph_nodes(trace: LoadedTrace, level: Level = "kernel") -> pl.DataFrame:
     """Every node of the `level` graph: event, kind, name, ts_ns, dur_ns."""
     gpu = trace.kernels.select(pl.col("event").cast(pl.Int64), "kind", "name", "ts_ns", "dur_ns")
     cpu = cpu_events(trace, level).select("event", "kind", "name", "ts_ns", "dur_ns")
     return pl.concat([cpu, gpu]).sort("event")
 
 
-def unlinked(trace: Trace) -> dict[str, int]:
+def unlinked(trace: LoadedTrace) -> dict[str, int]:
     """What the graph could not link, as counts (graph replays, missing launches, waits)."""
     activities = launched(trace)
     graph_calls = trace.runtime.filter(pl.col("name").str.contains(GRAPH_LAUNCH))
@@ -470,7 +470,7 @@ def unlinked(trace: Trace) -> dict[str, int]:
     return {k: v for k, v in counts.items() if v}
 
 
-def build_graph(trace: Trace, *, level: Level = "kernel") -> nx.DiGraph:
+def build_graph(trace: LoadedTrace, *, level: Level = "kernel") -> nx.DiGraph:
     """The dependency graph as a networkx `DiGraph` (node ids = event ids).
 
     Node attributes: kind (op, runtime, kernel, memcpy, memset), name, ts_ns, dur_ns;

@@ -8,3 +8,6 @@ LAUNCH_API = (
     r"(?i)^(cuda|cu|hip|hipExt)(LaunchKernel|LaunchCooperativeKernel|LaunchKernelExC|"
     r"ModuleLaunchKernel|ExtModuleLaunchKernel|Memcpy\w*Async|Memset\w*Async|GraphLaunch)"
 )
+
+GRAPH_LAUNCH = r"(?i)^(cuda|hip)GraphLaunch|^cuGraphLaunch"
+"""A CUDA/HIP graph replay: every kernel of the graph shares this call's correlation."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 import polars as pl
 
-from traceq.errors import TraceError
+from traceq.errors import TraceError, TraceFormatError
 from traceq.loader.source import read_bytes
 from traceq.relations.critical_path import Region
 from traceq.relations.critical_path import critical_path as find_critical_path
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 PATH_CATEGORY = "critical_path"
 FINDING_CATEGORY = "traceq_finding"
+_BOM = b"\xef\xbb\xbf"
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw] | list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -86,10 +87,16 @@ def _read(trace: Trace) -> tuple[dict[str, msgspec.Raw] | list, list[msgspec.Raw
     source = Path(trace.source)
     if not source.is_file():
         raise TraceError(f"{trace.source}: annotate needs the trace file to copy from")
-    top = _TOP.decode(read_bytes(source))
-    if isinstance(top, list):
-        return top, top
-    return top, _EVENTS.decode(top["traceEvents"])
+    data = memoryview(read_bytes(source))
+    if data[:3] == _BOM:  # as the loader does: editors on Windows write one
+        data = data[3:]
+    try:
+        top = _TOP.decode(data)
+        if isinstance(top, list):
+            return top, top
+        return top, _EVENTS.decode(top["traceEvents"])
+    except (msgspec.DecodeError, KeyError) as exc:  # the file changed since it was loaded
+        raise TraceFormatError(f"{trace.source}: cannot copy the trace: {exc}") from None
 
 
 def _with_args(raw: msgspec.Raw, extra: dict[str, Any]) -> msgspec.Raw:

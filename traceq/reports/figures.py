@@ -3,6 +3,10 @@
 plotly is imported here and only here, when a report is rendered (`import traceq` never
 loads it). Figures carry no colors for text or grid: the page themes them for light, dark
 and print (see `html.SCRIPT`), so a figure is data and layout only.
+
+plotly draws a subset of HTML in every label, tick, legend entry and hover text (`<a href>`,
+`<b>`, `<br>`), so each function here passes the strings it is given, which may be a
+trace's names, through `safe_text.plotly_text`: a name is drawn as it is, never as markup.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from traceq.errors import TraceError
+from traceq.reports.safe_text import plotly_template, plotly_text
 
 if TYPE_CHECKING:
     import polars as pl
@@ -73,11 +78,11 @@ def savings_bars(
     figure = go().Figure(
         go().Bar(
             x=[us / scale for us in saving_us],
-            y=labels,
+            y=_texts(labels),
             orientation="h",
             marker_color=[SEVERITY_COLORS.get(s, "#888") for s in severities],
             customdata=anchors,
-            hovertext=hover,
+            hovertext=_texts(hover),
             hovertemplate=f"%{{y}}<br>saves ~%{{x:.3f}} {unit}<br>%{{hovertext}}<extra></extra>",
             text=[_ms(us) for us in saving_us],
             textposition="auto",
@@ -100,7 +105,7 @@ def step_bars(breakdown: pl.DataFrame, x: list[str], *, title: str = "step") -> 
         [
             graph.Bar(
                 name=LABELS[cat],
-                x=x,
+                x=_texts(x),
                 y=(breakdown[cat] / 1e6).to_list(),
                 marker_color=COLORS[cat],
                 hovertemplate=f"%{{x}}<br>{LABELS[cat]}: %{{y:.3f}} ms<extra></extra>",
@@ -126,12 +131,13 @@ def utilization_lines(starts_ms: list[float], lanes: list[tuple[str, list[float]
     figure = graph.Figure(
         [
             graph.Scatter(
-                name=name,
+                name=plotly_text(name),
                 x=starts_ms,
                 y=busy,
                 mode="lines",
                 line={"shape": "hv", "width": 1.5},
-                hovertemplate=f"{name}<br>%{{x:.3f}} ms: %{{y:.0f}}% busy<extra></extra>",
+                hovertemplate=f"{plotly_template(name)}<br>%{{x:.3f}} ms: %{{y:.0f}}% busy"
+                "<extra></extra>",
             )
             for name, busy in lanes
         ]
@@ -158,10 +164,10 @@ def hbars(
     figure = go().Figure(
         go().Bar(
             x=values,
-            y=labels,
+            y=_texts(labels),
             orientation="h",
             marker_color=color,
-            hovertext=hover or labels,
+            hovertext=_texts(hover or labels),
             hovertemplate=f"%{{hovertext}}<br>%{{x:.3f}} {unit}<extra></extra>",
         )
     )
@@ -180,7 +186,13 @@ def grouped_hbars(labels: list[str], series: dict[str, list[float]], unit: str) 
     palette = ["#4c78a8", "#f58518", "#54a24b", "#e45756"]
     figure = graph.Figure(
         [
-            graph.Bar(name=name, x=values, y=labels, orientation="h", marker_color=color)
+            graph.Bar(
+                name=plotly_text(name),
+                x=values,
+                y=_texts(labels),
+                orientation="h",
+                marker_color=color,
+            )
             for (name, values), color in zip(series.items(), palette, strict=False)
         ]
     )
@@ -199,9 +211,9 @@ def treemap(tree: pl.DataFrame, basis: str) -> Any:
     """Module time as nested boxes; a box's own time is what ran in the module itself."""
     figure = go().Figure(
         go().Treemap(
-            ids=tree["id"].to_list(),
-            labels=tree["label"].to_list(),
-            parents=tree["parent"].to_list(),
+            ids=_texts(tree["id"].to_list()),
+            labels=_texts(tree["label"].to_list()),
+            parents=_texts(tree["parent"].to_list()),
             values=(tree["own_ns"] / 1e6).to_list(),
             branchvalues="remainder",
             hovertemplate=f"%{{id}}<br>{basis} %{{value:.3f}} ms<extra></extra>",
@@ -215,7 +227,10 @@ def treemap(tree: pl.DataFrame, basis: str) -> Any:
 def lines(x: list[Any], series: dict[str, list[float]], xtitle: str, ytitle: str) -> Any:
     graph = go()
     figure = graph.Figure(
-        [graph.Scatter(name=name, x=x, y=ys, mode="lines+markers") for name, ys in series.items()]
+        [
+            graph.Scatter(name=plotly_text(name), x=_texts(x), y=ys, mode="lines+markers")
+            for name, ys in series.items()
+        ]
     )
     figure.update_layout(
         layout(320, xaxis={"title": xtitle, "type": "category"}, yaxis={"title": ytitle})
@@ -246,11 +261,11 @@ def stacked_bars(
     figure = graph.Figure(
         [
             graph.Bar(
-                name=name if palette else LABELS.get(name, name),
-                x=x,
+                name=plotly_text(name if palette else LABELS.get(name, name)),
+                x=_texts(x),
                 y=values,
                 marker_color=color,
-                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}} ms<extra></extra>",
+                hovertemplate=f"%{{x}}<br>{plotly_template(name)}: %{{y:.3f}} ms<extra></extra>",
             )
             for (name, values), color in zip(series.items(), colors, strict=True)
         ]
@@ -272,8 +287,8 @@ def heatmap(x: list[str], y: list[str], z: list[list[float | None]], unit: str) 
     """A grid of `y` (ranks) × `x` (collectives); gaps where a rank has no call."""
     figure = go().Figure(
         go().Heatmap(
-            x=x,
-            y=y,
+            x=_texts(x),
+            y=_texts(y),
             z=z,
             colorscale="Viridis",
             colorbar={"title": {"text": unit, "side": "right"}},
@@ -294,15 +309,15 @@ def heatmap(x: list[str], y: list[str], z: list[list[float | None]], unit: str) 
 def markers(series: dict[str, tuple[list[str], list[float], list[str]]], xt: str, yt: str) -> Any:
     """One marker per call (x: its label, in order), a color per series (collective)."""
     graph = go()
-    order = [label for xs, _, _ in series.values() for label in xs]
+    order = [plotly_text(label) for xs, _, _ in series.values() for label in xs]
     figure = graph.Figure(
         [
             graph.Scatter(
-                name=name,
-                x=xs,
+                name=plotly_text(name),
+                x=_texts(xs),
                 y=ys,
                 mode="markers",
-                hovertext=hover,
+                hovertext=_texts(hover),
                 hovertemplate="%{x}<br>%{y:.2f} GB/s · %{hovertext}<extra></extra>",
             )
             for name, (xs, ys, hover) in series.items()
@@ -339,7 +354,7 @@ def change_bars(
     figure = go().Figure(
         go().Bar(
             x=[100 * r for r in rel],
-            y=labels,
+            y=_texts(labels),
             orientation="h",
             marker_color=colors,
             error_x={"type": "data", "array": plus, "arrayminus": minus, "visible": True},
@@ -374,6 +389,11 @@ def delta_bars(labels: list[str], delta_ms: list[float]) -> Any:
     """Time change per group (ms): slower red, faster green."""
     colors = ["#d62728" if d > 0 else "#2ca02c" for d in delta_ms]
     return hbars(labels, delta_ms, "Δ ms", color=colors)  # type: ignore[arg-type]
+
+
+def _texts(values: list[Any]) -> list[Any]:
+    """Each string of `values` as plotly text (`safe_text.plotly_text`); numbers as they are."""
+    return [plotly_text(v) if isinstance(v, str) else v for v in values]
 
 
 def _ms(us: float) -> str:

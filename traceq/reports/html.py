@@ -17,7 +17,6 @@ a small one (plotly.js alone is about 4.8 MB).
 from __future__ import annotations
 
 import glob
-import html
 import json
 import os
 import re
@@ -29,10 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from traceq import __version__
 from traceq.errors import TraceFileError
-from traceq.reports import timeline
-from traceq.reports.model import FindingGroup, Report, format_fix_check, format_us
+from traceq.reports import replays, timeline
+from traceq.reports.dtypes import dtype_name
+from traceq.reports.model import (
+    FindingGroup,
+    Report,
+    format_fix_check,
+    format_source,
+    format_us,
+)
+from traceq.reports.safe_text import LINE_CHARS, TITLE_CHARS, clip, html_text, script_json
+from traceq.version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -53,7 +60,9 @@ CRITICAL_PATH_EVENTS = 500_000
 
 
 def esc(value: object) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+    """Text for HTML content or an attribute: escaped, control characters shown as escapes
+    (`safe_text.html_text`), so a trace's names are text on the page, never markup."""
+    return html_text(value)
 
 
 _CODE = re.compile(r"`([^`]+)`")
@@ -84,7 +93,8 @@ class Figures:
         target = f"fig-{len(self.specs) + 1}"
         spec = json.loads(figure.to_json())
         spec["links"] = links
-        text = json.dumps(spec, separators=(",", ":")).replace("</", "<\\/")
+        # no `<`, `>` or `&` in the block: `</script>` or `<!--` in a name cannot end it
+        text = script_json(json.dumps(spec, separators=(",", ":")))
         self.specs.append((target, text))
         return (
             f'<figure class="chart"><div id="{target}" class="plot" role="img" '
@@ -237,10 +247,14 @@ def render_trace(
         findings_section(report, figures),
         time_section(trace, figures),
         where_section(trace, figures),
+        roofline_section(trace, figures),
     ]
     if report.problems:
         items = "".join(f"<li>{esc(p)}</li>" for p in report.problems)
         parts.append(f'<section id="problems"><h2>Problems</h2><ul>{items}</ul></section>')
+    if report.notices:  # what the trace lacks and what that costs the findings
+        items = "".join(f"<li>{esc(n)}</li>" for n in report.notices)
+        parts.append(f'<section id="notices"><h2>Not recorded</h2><ul>{items}</ul></section>')
     return page(f"traceq report: {report.source}", "\n".join(parts), figures)
 
 
@@ -260,7 +274,7 @@ def _facts(trace: Trace, report: Report, job: JobFrames | None) -> str:
     # for a job, the trace rows describe the rank whose Time and Where sections follow
     of = f" (rank {trace.rank})" if job is not None and trace.rank is not None else ""
     rows = [
-        ("device", device + f" · model: {report.device.get('name')}"),
+        ("device", f"{clip(device)} · model: {clip(report.device.get('name'))}"),
         (f"steps{of}", _steps_text(steps)),
         (f"duration{of}", format_us(duration)),
         (
@@ -280,6 +294,8 @@ def _facts(trace: Trace, report: Report, job: JobFrames | None) -> str:
     elif trace.rank is not None:
         world = trace.world_size
         rows.append(("rank", f"{trace.rank}" + (f" of {world}" if world else "")))
+    # graph replays (share, attribution) and kernels without a launch (`reports.replays`)
+    rows.extend((label.strip(), text) for label, text in replays.lines(replays.facts(trace)))
     rows.append(
         (
             "estimated saving",
@@ -305,6 +321,7 @@ def _steps_text(steps: pl.DataFrame) -> str:
 
 def _nav(job: bool) -> str:
     links = [("findings", "Findings"), ("time", "Time"), ("where", "Where the time goes")]
+    links.append(("roofline", "Roofline"))
     if job:
         links.insert(0, ("job", "Job"))
     items = "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t in links)
@@ -397,6 +414,7 @@ def group_section(number: int, group: FindingGroup, *, job: bool = False) -> str
     facts = [
         ("what", prose(first.message)),
         ("where", prose(group.where or "—")),
+        *([("source", f"<code>{esc(format_source(first.source))}</code>")] if first.source else []),
         ("steps", esc(", ".join(map(str, steps)) or "—")),
         ("time now", esc(format_us(group.time_us))),
         ("estimated saving", f"<strong>{esc(format_us(group.est_saving_us))}</strong>"),
@@ -429,19 +447,20 @@ def _evidence(group: FindingGroup) -> str:
         kernels = list(dict.fromkeys(f.evidence.get("kernel_names") or []))
         decoded = [decode(k) for k in kernels[:3]]
         kernel_cell = "<br>".join(
-            f'<span title="{esc(k.name)}">{esc(_decoded(k))}</span> '
+            f'<span title="{esc(clip(k.name, TITLE_CHARS))}">{esc(_decoded(k))}</span> '
             f'<small class="kname">{esc(_clip(short_kernel(k.name), 36))}</small>'
             for k in decoded
         ) + (f"<br><small>+{len(kernels) - 3} more</small>" if len(kernels) > 3 else "")
         shapes = " ".join("[" + "×".join(map(str, s)) + "]" for s in f.shapes[:4])
+        more_ops = f" +{len(ops) - 6}" if len(ops) > 6 else ""
         rows.append(
             [
                 esc("—" if f.step is None else f.step),
                 dotted(f.module or "—"),
-                esc(", ".join(ops[:6]) + (f" +{len(ops) - 6}" if len(ops) > 6 else "")) or "—",
+                esc(clip(", ".join(ops[:6]), LINE_CHARS) + more_ops) or "—",
                 kernel_cell or "—",
                 esc(shapes or "—"),
-                esc(f.dtype or "—"),
+                esc(dtype_name(f.dtype) or "—"),
                 esc(format_us(f.time_us)),
                 esc(format_us(f.est_saving_us)),
             ]
@@ -659,7 +678,8 @@ def where_section(trace: Trace, figures: Figures) -> str:
         )
         rows = [
             [
-                f'<span title="{esc(r["name"])}">{esc(_clip(short_kernel(r["name"]), 70))}</span>',
+                f'<span title="{esc(clip(r["name"], TITLE_CHARS))}">'
+                f"{esc(_clip(short_kernel(r['name']), 70))}</span>",
                 esc(r["library"] or "—"),
                 esc(r["category"]),
                 esc(r["dtype"] or "—"),
@@ -732,6 +752,59 @@ def where_section(trace: Trace, figures: Figures) -> str:
             for r in biggest.iter_rows(named=True)
         ]
         out.append(table(["module", f"{basis} (with children)", "own"], rows, numeric=(1, 2)))
+    out.append("</section>")
+    return "\n".join(out)
+
+
+# -- roofline -------------------------------------------------------------------------------
+
+
+def roofline_section(trace: Trace, figures: Figures) -> str:
+    """The heaviest modelled ops against the device's datasheet roofs (`trace.roofline`):
+    the chart, and the top ops' numbers under it. One line instead on a CPU trace, a part
+    traceq's spec table lacks, or a trace without recorded shapes."""
+    from traceq.perf.roofline import trace_spec
+    from traceq.reports import roofline_figure as rf
+
+    out = ['<section id="roofline"><h2>Roofline</h2>']
+    spec = trace_spec(trace) if trace.kernels.height else None
+    ops = rf.signatures(trace.roofline) if spec is not None else None
+    if spec is None:
+        out.append(
+            "<p class=empty>No roofline: no GPU kernels, or a device traceq's spec table "
+            "does not have (<code>traceq device calibrate</code> writes one).</p></section>"
+        )
+        return "\n".join(out)
+    if ops is None or ops.filter(pl.col("flops") > 0).height == 0:
+        out.append(
+            "<p class=empty>No roofline: no op has a cost model here (record with "
+            "<code>record_shapes=True</code> for FLOPs and bytes).</p></section>"
+        )
+        return "\n".join(out)
+    drawn = ops.filter(pl.col("flops") > 0).head(rf.POINTS)
+    out.append(
+        f"<p>Each point is one op (its calls of one shape and dtype summed): its FLOPs over "
+        f"the bytes it must move, against the FLOP/s it reached in its kernels' time. "
+        f"Roofs are the {esc(spec.name)} datasheet's ({esc(spec.hbm_gbs)} GB/s HBM); an op "
+        f"left of a roof's ridge is bound by memory, right of it by compute. Ops that "
+        f"compute nothing (copies) are in <code>traceq roofline</code>, not on log axes. "
+        f"Source: {esc(spec.source)}.</p>"
+    )
+    out.append(
+        figures.add(
+            rf.figure(ops, spec),
+            f"Roofline: the {drawn.height} heaviest modelled ops on {spec.name}, by family",
+        )
+    )
+    shown = rf.rows(ops)
+    out.append(
+        table(
+            rf.HEADER,
+            shown,
+            numeric=rf.NUMERIC,
+            caption=f"The {len(shown)} modelled ops with the most time (of {ops.height})",
+        )
+    )
     out.append("</section>")
     return "\n".join(out)
 
@@ -1079,7 +1152,8 @@ def short_kernel(name: str) -> str:
     name = name.removeprefix("void ")
     if name.endswith(")") and "(" in name:
         depth = 0
-        for i in range(len(name) - 1, -1, -1):
+        # the trailing "(...)" is looked for in the last 10,000 characters
+        for i in range(len(name) - 1, max(len(name) - 10_000, 0) - 1, -1):
             depth += {")": 1, "(": -1}.get(name[i], 0)
             if depth == 0:
                 name = name[:i].rstrip() or name

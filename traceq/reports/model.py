@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from traceq import __version__
+from traceq.reports import replays
+from traceq.reports.dtypes import dtype_name
 from traceq.reports.savings import counted_savings
-from traceq.rules.finding import SEVERITIES, Finding, normalize_module
+from traceq.rules.finding import SEVERITIES, Finding
+from traceq.rules.groups import FindingGroup, group_findings, layer_count  # noqa: F401 (re-exported)
+from traceq.version import __version__
 
 if TYPE_CHECKING:
     from traceq.job.job import Job
@@ -22,85 +25,6 @@ if TYPE_CHECKING:
     from traceq.rules.base import Rule
     from traceq.rules.engine import Analysis
     from traceq.trace import Trace
-
-
-@dataclass
-class FindingGroup:
-    """All occurrences of one finding key, and what they cost together."""
-
-    key: str
-    findings: list[Finding]
-    fix_check: dict[str, Any] | None = None
-
-    @property
-    def first(self) -> Finding:
-        """The occurrence with the largest saving: its message speaks for the group."""
-        return max(self.findings, key=lambda f: (f.est_saving_us, f.time_us))
-
-    @property
-    def rule(self) -> str:
-        return self.first.rule
-
-    @property
-    def name(self) -> str:
-        return self.first.name
-
-    @property
-    def severity(self) -> str:
-        return max((f.severity for f in self.findings), key=SEVERITIES.index)
-
-    @property
-    def count(self) -> int:
-        return len(self.findings)
-
-    @property
-    def time_us(self) -> float:
-        return sum(f.time_us for f in self.findings)
-
-    @property
-    def est_saving_us(self) -> float:
-        return sum(f.est_saving_us for f in self.findings)
-
-    @property
-    def steps(self) -> list[int]:
-        return sorted({f.step for f in self.findings if f.step is not None})
-
-    @property
-    def module(self) -> str | None:
-        """The module all occurrences share, or the pattern they share (`layer.*.mlp`)."""
-        modules = {f.module for f in self.findings}
-        if len(modules) == 1:
-            return next(iter(modules))
-        patterns = {normalize_module(m) for m in modules if m is not None}
-        return next(iter(patterns)) if len(patterns) == 1 else None
-
-    @property
-    def where(self) -> str:
-        """ "×24 in `encoder.layer.*.mlp`" (or just "×24", or "" for one occurrence)."""
-        count = f"×{self.count}" if self.count > 1 else ""
-        module = f"in `{self.module}`" if self.module else ""
-        return " ".join(p for p in (count, module) if p)
-
-    def to_dict(self) -> dict[str, Any]:
-        first = self.first
-        return {
-            "key": self.key,
-            "rule": self.rule,
-            "name": self.name,
-            "severity": self.severity,
-            "count": self.count,
-            "module": self.module,
-            "steps": self.steps,
-            "message": first.message,
-            "time_us": self.time_us,
-            "est_saving_us": self.est_saving_us,
-            "saving_model": first.saving_model,
-            "fix": first.fix,
-            "zoo": first.zoo,
-            "shapes": first.shapes,
-            "dtype": first.dtype,
-            "fix_check": self.fix_check,
-        }
 
 
 @dataclass
@@ -119,6 +43,11 @@ class Report:
     # Per finding (aligned with `findings`): the µs of its estimate the total counts, each
     # µs of the trace once (`traceq.reports.savings`). Empty: every estimate counts whole.
     counted_us: list[float] = field(default_factory=list)
+    # What the trace lacks and what that costs the findings (`rules.recorded`), said once.
+    notices: list[str] = field(default_factory=list)
+    # Which data flow the rules saw (`Trace.dataflow_source.to_dict()`): exact from an
+    # Execution Trace or inferred; None when no rule asked for data flow (or a job).
+    dataflow: dict[str, Any] | None = None
 
     def counted(self) -> list[float]:
         if len(self.counted_us) == len(self.findings):
@@ -168,6 +97,8 @@ class Report:
             "trace": self.trace,
             "device": self.device,
             "problems": self.problems,
+            "notices": self.notices,
+            "dataflow": self.dataflow,
             "timings_s": self.timings_s,
             "traceq_version": self.version,
         }
@@ -176,7 +107,12 @@ class Report:
         """The JSON document: every occurrence, the groups, and the summary."""
         index = {id(f): g.key for g in self.groups for f in g.findings}
         findings = [
-            {**f.to_dict(), "key": index[id(f)], "counted_saving_us": once}
+            {
+                **f.to_dict(),
+                "key": index[id(f)],
+                "counted_saving_us": once,
+                "dtype_name": dtype_name(f.dtype) or None,  # display: `bf16`, not `c10::BFloat16`
+            }
             for f, once in zip(self.findings, self.counted(), strict=True)
         ]
         return {
@@ -184,16 +120,6 @@ class Report:
             "groups": [g.to_dict() for g in self.groups],
             "summary": self.summary(),
         }
-
-
-def group_findings(findings: list[Finding]) -> list[FindingGroup]:
-    """Occurrences grouped by `Finding.key()`, largest total saving first."""
-    groups: dict[str, list[Finding]] = {}
-    for f in findings:
-        groups.setdefault(f.key(), []).append(f)
-    ordered = [FindingGroup(key, items) for key, items in groups.items()]
-    ordered.sort(key=lambda g: (-g.est_saving_us, -g.time_us, g.rule, g.key))
-    return ordered
 
 
 def build_report(analysis: Analysis, trace: Trace) -> Report:
@@ -207,7 +133,11 @@ def build_report(analysis: Analysis, trace: Trace) -> Report:
         "ops": trace.ops.height,
         "kernels": trace.kernels.height,
         "steps": steps,
+        # the profiled steps' time summed: what a saving is a share of, per step
+        "steps_us": float(trace.steps["dur_ns"].sum() or 0) / 1000 if trace.steps.height else 0.0,
         "rank": trace.rank,
+        # graph replays and kernels without a launch, where there are any (`reports.replays`)
+        **{key: value for key, value in replays.facts(trace).items() if value},
     }
     return Report(
         source=trace.source,
@@ -218,14 +148,25 @@ def build_report(analysis: Analysis, trace: Trace) -> Report:
         rules=analysis.rules,
         problems=[str(p) for p in analysis.problems],
         timings_s={k: round(v, 4) for k, v in analysis.timings_s.items()},
-        counted_us=counted_savings(analysis.findings, trace),
+        counted_us=(
+            analysis.counted_us
+            if analysis.trace is trace
+            else counted_savings(analysis.findings, trace)
+        ),
+        notices=list(analysis.notices),
+        dataflow=_dataflow(trace),
     )
+
+
+def _dataflow(trace: Trace) -> dict[str, Any] | None:
+    used = getattr(trace, "dataflow_source", None)
+    return None if used is None else used.to_dict()
 
 
 def job_report(result: JobAnalysis, job: Job, source: str | None = None) -> Report:
     """A `Report` of `traceq.analyze_job(job)`: the job's findings (TQ4xx and each rank's),
     and `trace` facts for the whole job (`ranks`, `world_size`, how ranks were found)."""
-    from traceq.rules.device import cpu_model
+    from traceq.perf.device import cpu_model
     from traceq.rules.engine import discover
 
     devices = list(result.devices.values())
@@ -265,6 +206,35 @@ def format_us(us: float) -> str:
     if us >= 1e3:
         return f"{us / 1e3:,.1f} ms"
     return f"{us:,.1f} µs"
+
+
+def format_share(us: float, trace: dict[str, Any]) -> str:
+    """A saving with its denominators: "4.1% of the step, 0.9% of the trace" (against the
+    profiled steps' time, each step's saving to its time, and against the whole trace);
+    "" when neither is known (a job)."""
+    shares = []
+    steps_us = trace.get("steps_us") or 0.0
+    if steps_us > 0:
+        shares.append(f"{_percent(us / steps_us)} of the step")
+    duration_us = trace.get("duration_us") or 0.0
+    if duration_us > 0:
+        shares.append(f"{_percent(us / duration_us)} of the trace")
+    return ", ".join(shares)
+
+
+def _percent(fraction: float) -> str:
+    pct = 100 * fraction
+    return f"{pct:.2f}%" if 0 < pct < 0.1 else f"{pct:.1f}%"
+
+
+def format_source(source: dict[str, Any] | None) -> str:
+    """Where a finding's ops were issued, for people: "model.py:12 in forward" ("" when the
+    trace has no Python stacks)."""
+    if not source or not source.get("file"):
+        return ""
+    line = f":{source['line']}" if source.get("line") is not None else ""
+    function = f" in {source['function']}" if source.get("function") else ""
+    return f"{source['file']}{line}{function}"
 
 
 def format_fix_check(check: dict[str, Any]) -> str:

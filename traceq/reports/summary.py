@@ -6,6 +6,7 @@ from typing import Any
 
 import polars as pl
 
+from traceq.reports import replays
 from traceq.trace import Trace
 
 
@@ -59,21 +60,25 @@ def summary(trace: Trace) -> dict[str, Any]:
         for row in per_device.iter_rows(named=True)
     ]
     busy = trace.gpu_busy()
+    events = trace.select("events", "event").height
+    # rows the file holds: a graph replay's ops and modules copied from its capture trace
+    # have ids past the file's last event (`relations.replayed_ops`), counted in `graphs`
+    recorded = pl.col("event") < events
     return {
         "source": trace.source,
         "schema": trace.schema,
         "schema_version": trace.schema_version,
-        "events": trace.select("events", "event").height,
+        "events": events,
         "by_category": dict(
             zip(by_category["cat"].to_list(), by_category["len"].to_list(), strict=True)
         ),
-        "ops": trace.select("ops", "event").height,
+        "ops": trace.select("ops", "event").filter(recorded).height,
         "kernels": kinds.get("kernel", 0),
         "memcpy": kinds.get("memcpy", 0),
         "memset": kinds.get("memset", 0),
         "runtime": trace.select("runtime", "event").height,
         "steps": trace.select("steps", "step")["step"].to_list(),
-        "modules": trace.select("modules", "event").height,
+        "modules": trace.select("modules", "event").filter(recorded).height,
         "devices": devices,
         "gpu_utilization": {
             int(d): round(float(u), 4)
@@ -84,6 +89,7 @@ def summary(trace: Trace) -> dict[str, Any]:
         "world_size": trace.world_size,
         "versions": trace.versions,
         "unlinked": trace.unlinked,
+        **replays.facts(trace),  # `graphs` (replayed_ops among them), `without_launch`
     }
 
 

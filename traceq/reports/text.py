@@ -13,7 +13,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from traceq.reports.model import FindingGroup, Report, format_fix_check, format_us
+from traceq.reports import replays
+from traceq.reports.dtypes import dtype_name
+from traceq.reports.model import (
+    FindingGroup,
+    Report,
+    format_fix_check,
+    format_share,
+    format_source,
+    format_us,
+)
+from traceq.reports.safe_text import LINE_CHARS, clip, printable, terminal
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -56,34 +66,46 @@ def print_report(report: Report, console: Console, *, max_groups: int | None = 3
     summary = report.summary()
     trace = report.trace
     device = report.device
-    console.print(Text(f"traceq analyze {report.source}", style="bold"))
+    console.print(_line(f"traceq analyze {report.source}", style="bold"))
     console.print(
-        f"{what(trace)}, {trace['events']:,} events, {trace['kernels']:,} GPU "
-        f"activities, {_plural(len(trace['steps']), 'step')}; device model: {device['name']} "
-        f"({_bandwidth(device)}, launch {device['launch_overhead_us']:.1f} µs)"
+        _line(
+            f"{what(trace)}, {trace['events']:,} events, {trace['kernels']:,} GPU "
+            f"activities, {_plural(len(trace['steps']), 'step')}; device model: "
+            f"{clip(device['name'])} ({_bandwidth(device)}, launch "
+            f"{device['launch_overhead_us']:.1f} µs)"
+        )
     )
+    for label, text in replays.lines(trace):  # graph replays, kernels without a launch
+        console.print(_line(f"{label.strip()}: {text}"))
+    for notice in report.notices:  # what the trace lacks: once, before the findings
+        console.print(_line(f"note: {notice}", style="yellow"))
     if not report.groups:
-        console.print(Text("No findings.", style="green"))
+        ran = report.rules or not report.notices  # none ran: the notices say why
+        console.print(Text("No findings.", style="green") if ran else Text("No rule ran."))
         _problems(report, console)
         return
+    share = format_share(summary["est_saving_us"], trace)
     console.print(
-        f"{summary['findings']} findings in {summary['groups']} groups; estimated saving "
-        f"{format_us(summary['est_saving_us'])} in all, each µs counted once (the findings' "
+        f"{_plural(summary['findings'], 'finding')} in {_plural(summary['groups'], 'group')}; "
+        f"estimated saving {format_us(summary['est_saving_us'])}"
+        f"{f' ({share})' if share else ''} in all, each µs counted once (the findings' "
         f"own estimates sum to {format_us(summary['est_saving_us_sum'])})"
     )
     shown = report.groups if max_groups is None else report.groups[:max_groups]
     for number, group in enumerate(shown, 1):
         console.print()
-        _group(number, group, console)
+        _group(number, group, console, trace)
     hidden = len(report.groups) - len(shown)
     if hidden > 0:
-        console.print(f"\n… {hidden} more groups (use --format json for all)")
+        console.print(
+            f"\n… {hidden} more group{'s' * (hidden != 1)} (--top N shows more; --format json all)"
+        )
     console.print()
     console.print(_by_rule(report))
     _problems(report, console)
 
 
-def _group(number: int, group: FindingGroup, console: Console) -> None:
+def _group(number: int, group: FindingGroup, console: Console, trace: dict) -> None:
     first = group.first
     head = Text()
     head.append(f"{number}. ")
@@ -91,25 +113,30 @@ def _group(number: int, group: FindingGroup, console: Console) -> None:
     head.append(f"  [{group.severity}]  ")
     head.append(f"saves ~{format_us(group.est_saving_us)}", style="bold")
     head.append(f" of {format_us(group.time_us)}")
+    share = format_share(group.est_saving_us, trace)
+    head.append(f" ({share})" if share else "")
     if group.where:
-        head.append(f"  {group.where}")
+        head.append(printable(f"  {clip(group.where)}"))
     console.print(head)
-    console.print(f"   {first.message}")
+    console.print(_line(f"   {first.message}"))
+    if first.source:
+        console.print(_line(f"   at {format_source(first.source)}"))
     if group.steps:
-        console.print(f"   steps: {_steps(group.steps)}")
+        console.print(_line(f"   steps: {_steps(group.steps)}"))
     if first.shapes:
         shapes = " ".join("[" + "x".join(map(str, s)) + "]" for s in first.shapes[:4])
-        console.print(f"   shapes: {shapes}{'  dtype ' + first.dtype if first.dtype else ''}")
+        dtype = f"  dtype {dtype_name(first.dtype)}" if first.dtype else ""
+        console.print(_line(f"   shapes: {shapes}{dtype}"))
     elif first.dtype:
-        console.print(f"   dtype: {first.dtype}")
-    console.print(f"   model: {first.saving_model}")
+        console.print(_line(f"   dtype: {dtype_name(first.dtype)}"))
+    console.print(_line(f"   model: {first.saving_model}"))
     for line in _evidence(first.evidence):
-        console.print(f"   {line}")
-    console.print(Text(f"   fix: {first.fix}", style="green"))
+        console.print(_line(f"   {line}"))
+    console.print(_line(f"   fix: {first.fix}", style="green"))
     if first.zoo:
-        console.print(f"   zoo: {', '.join(first.zoo)}")
+        console.print(_line(f"   zoo: {', '.join(first.zoo)}"))
     if group.fix_check:
-        console.print(Text(f"   fix check: {format_fix_check(group.fix_check)}", style="bold"))
+        console.print(_line(f"   fix check: {format_fix_check(group.fix_check)}", style="bold"))
 
 
 def _evidence(evidence: dict) -> list[str]:
@@ -156,7 +183,13 @@ def _by_rule(report: Report) -> Table:
 
 def _problems(report: Report, console: Console) -> None:
     for problem in report.problems:
-        console.print(Text(f"warning: {problem}", style="yellow"))
+        console.print(_line(f"warning: {problem}", style="yellow"))
+
+
+def _line(text: str, style: str = "") -> Text:
+    """One line of the report, which may quote the trace's names: printed as it is (never
+    as rich markup), control characters escaped, at most `LINE_CHARS` long."""
+    return terminal(text, LINE_CHARS, style)
 
 
 def _steps(steps: list[int]) -> str:

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from traceq.rules.explained import CACHE_KEY as EXPLAINED_KEY
 from traceq.rules.finding import SEVERITIES, Finding
 
 if TYPE_CHECKING:
     import polars as pl
 
-    from traceq.rules.device import DeviceModel
+    from traceq.job import JobFrames
+    from traceq.perf.device import DeviceModel
     from traceq.trace import Trace
 
 CODE = re.compile(r"^[A-Z]+[0-9]+$")
@@ -41,7 +43,11 @@ class Rule:
     check: Check = field(repr=False)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     zoo: tuple[str, ...] = ()
-    scope: str = "trace"  # "job": checks a multi-rank job's frames (`traceq.rules.jobs`)
+    scope: str = "trace"  # "job": reads a job's frames (`JobContext`, `engine.run_job_rules`)
+    # an idiom rule: its findings explain their ops (`traceq.rules.explained`), run first
+    explains: bool = False
+    # a generic rule: its findings give way to the ops idiom findings explain
+    defers: bool = False
 
     def __post_init__(self) -> None:
         if not CODE.match(self.code):
@@ -84,11 +90,23 @@ def rule(
     defaults: Mapping[str, Any] | None = None,
     zoo: Iterable[str] = (),
     scope: str = "trace",
+    explains: bool = False,
+    defers: bool = False,
 ) -> Callable[[Check], Rule]:
     """Make a `Rule` of a check function: `@rule("TQ201", "launch-bound", "warning", ...)`."""
 
     def wrap(check: Check) -> Rule:
-        return Rule(code, name, severity, check, dict(defaults or {}), tuple(zoo), scope)
+        return Rule(
+            code,
+            name,
+            severity,
+            check,
+            dict(defaults or {}),
+            tuple(zoo),
+            scope,
+            explains=explains,
+            defers=defers,
+        )
 
     return wrap
 
@@ -132,6 +150,12 @@ class Context:
         return self.cached("dataflow_edges", lambda: self.trace.dataflow)
 
     @property
+    def explained(self) -> frozenset[int]:
+        """Op events the idiom findings made so far explain (`traceq.rules.explained`):
+        empty for the explaining rules themselves, which the engine runs first."""
+        return self._cache.get(EXPLAINED_KEY, frozenset())
+
+    @property
     def kernel_names(self) -> pl.DataFrame:
         """`trace.kernels` with each name decoded (`traceq.kernel_names.decode_frame`:
         library, category, arch, dtype, tensor_core, tile, layout, epilogue, fused_ops, op)."""
@@ -143,4 +167,18 @@ class Context:
         """A `Finding` of this rule: code, name, severity and zoo patterns filled in."""
         fields.setdefault("severity", self.rule.severity)
         fields.setdefault("zoo", list(self.rule.zoo))
+        return Finding(rule=self.rule.code, name=self.rule.name, **fields)
+
+
+class JobContext:
+    """What a job rule sees: the job's frames and its own thresholds."""
+
+    def __init__(self, job: JobFrames, rule: Rule, options: Mapping[str, Any]) -> None:
+        self.job = job
+        self.rule = rule
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options))
+
+    def finding(self, **fields: Any) -> Finding:
+        """A `Finding` of this rule: code, name and severity filled in."""
+        fields.setdefault("severity", self.rule.severity)
         return Finding(rule=self.rule.code, name=self.rule.name, **fields)

@@ -23,15 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from traceq.errors import TraceError
+from traceq.errors import ConfigError
 from traceq.rules.base import Rule
 
 CONFIG_FILES = ("traceq.toml", "pyproject.toml")
 TOP_LEVEL_KEYS = ("select", "ignore", "rules", "device", "fail-on", "fail_on")
-
-
-class ConfigError(TraceError):
-    """Configuration names a rule, option or value traceq does not know."""
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from traceq.rules.base import Context, Rule
+from traceq.perf.device import DeviceModel, device_model
+from traceq.rules.analysis import Analysis
+from traceq.rules.base import Context, JobContext, Rule
 from traceq.rules.config import Config, check_rule_refs, rule_options, selected
-from traceq.rules.device import DeviceModel, device_model
+from traceq.rules.explained import CACHE_KEY as EXPLAINED_KEY
+from traceq.rules.explained import drop_explained, explained_ops
 from traceq.rules.finding import Finding
 
 if TYPE_CHECKING:
+    from traceq.job import JobFrames
     from traceq.trace import Trace
 
 ENTRY_POINT_GROUP = "traceq.rules"
@@ -52,19 +56,9 @@ class RuleSet:
         return next((r for r in self.rules if r.code == ref_upper or r.name == ref), None)
 
 
-@dataclass
-class Analysis:
-    """What one run produced: findings (by est. saving, largest first) and how it ran."""
-
-    findings: list[Finding]
-    rules: list[Rule]
-    device: DeviceModel
-    problems: list[Problem] = field(default_factory=list)
-    timings_s: dict[str, float] = field(default_factory=dict)
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
 def builtin_rules() -> list[Rule]:
+    """The catalogue, imported when rules are first discovered: every rule module with it,
+    which `import traceq` and a cached `traceq info` need not pay for."""
     from traceq.rules.catalogue import RULES
 
     return list(RULES)
@@ -129,7 +123,8 @@ def run(
     problems = list(ruleset.problems)
     findings: list[Finding] = []
     timings: dict[str, float] = {}
-    for rule in chosen:
+    # idiom rules first: what they explain, the generic rules leave (`rules.explained`)
+    for rule in sorted(chosen, key=lambda r: not r.explains):
         ctx = Context(trace, rule, options[rule.code], model, cache)
         start = time.perf_counter()
         if ruleset.origin.get(rule.code, "builtin") == "builtin":
@@ -142,11 +137,36 @@ def run(
                 found = []
         timings[rule.code] = time.perf_counter() - start
         findings.extend(found)
+        if rule.explains:
+            cache[EXPLAINED_KEY] = cache.get(EXPLAINED_KEY, frozenset()) | explained_ops(found)
     start = time.perf_counter()
+    deferring = [r.code for r in chosen if r.defers]
+    findings = drop_explained(findings, cache.get(EXPLAINED_KEY, frozenset()), deferring)
     _fill_names(trace, findings)
     timings["names"] = time.perf_counter() - start
+    start = time.perf_counter()
+    _fill_sources(trace, findings)
+    from traceq.rules.recorded import notices  # op tables: not for `import traceq`
+
+    # what the trace lacks costs trace rules only (a job rule reads the job's frames)
+    reads_trace = any(r.scope == "trace" for r in chosen)
+    lacks = [str(n) for n in notices(trace) if n.findings] if reads_trace else []
+    timings["sources"] = time.perf_counter() - start
     findings.sort(key=lambda f: (-f.est_saving_us, -f.time_us, f.rule, f.step or 0))
-    return Analysis(findings, chosen, model, problems, timings, options)
+    return Analysis(findings, chosen, model, problems, timings, options, lacks, trace)
+
+
+def _fill_sources(trace: Trace, findings: Sequence[Finding]) -> None:
+    """Give each finding the user-code frame that issued its ops (`Finding.source`), from
+    the trace's Python stacks (`relations.source`); one pass for all findings."""
+    missing = [f for f in findings if f.source is None and f.ops]
+    if not missing or trace.python.height == 0:
+        return
+    from traceq.relations.source import source_of  # numpy: not for `import traceq`
+
+    frames = source_of(trace, {op for f in missing for op in f.ops})
+    for f in missing:
+        f.source = next((frames[op] for op in f.ops if op in frames), None)
 
 
 def _fill_names(trace: Trace, findings: Sequence[Finding]) -> None:
@@ -172,7 +192,12 @@ def _fill_names(trace: Trace, findings: Sequence[Finding]) -> None:
 def _names_of(trace: Trace, ids: set[int]) -> Mapping[int, str]:
     wanted = pl.DataFrame({"event": sorted(ids)}, schema={"event": trace.events["event"].dtype})
     rows = trace.events.select("event", "name").join(wanted, on="event", how="semi")
-    return dict(zip(rows["event"].to_list(), rows["name"].to_list(), strict=True))
+    names = dict(zip(rows["event"].to_list(), rows["name"].to_list(), strict=True))
+    if "replayed" in trace.ops.columns:  # a replayed graph's ops are no recorded event
+        copies = trace.ops.filter(pl.col("replayed")).select("event", "name")
+        copies = copies.join(wanted.cast({"event": copies.schema["event"]}), on="event", how="semi")
+        names.update(zip(copies["event"].to_list(), copies["name"].to_list(), strict=True))
+    return names
 
 
 def _iterable(value: object) -> list[Any] | None:
@@ -182,3 +207,22 @@ def _iterable(value: object) -> list[Any] | None:
         return list(value)  # type: ignore[call-overload]
     except TypeError:
         return None
+
+
+def run_job_rules(
+    job: JobFrames, config: Config | None = None, *, ruleset: RuleSet | None = None
+) -> tuple[list[Finding], dict[str, float]]:
+    """The job-scope rules `config` selects, run on `job`; findings by saving, and timings."""
+    config = config or Config()
+    ruleset = ruleset or discover()
+    check_rule_refs(ruleset.rules, config)
+    findings: list[Finding] = []
+    timings: dict[str, float] = {}
+    for rule in selected(ruleset.rules, config):
+        if rule.scope != "job":
+            continue
+        start = time.perf_counter()
+        findings.extend(rule(JobContext(job, rule, rule_options(rule, config))))
+        timings[rule.code] = time.perf_counter() - start
+    findings.sort(key=lambda f: (-f.est_saving_us, -f.time_us, f.rule, f.step or 0))
+    return findings, timings

@@ -55,6 +55,11 @@ class Finding:
     fix: str = ""
     zoo: list[str] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
+    # Where the user's code issued its ops: {"file", "line", "function"} of the innermost
+    # Python frame outside torch and installed libraries (traces recorded `with_stack=True`;
+    # `relations.source`), None without stacks. Not part of `key()`: an edit that moves a
+    # line is the same finding.
+    source: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -74,9 +79,17 @@ class Finding:
         and shapes, and the `variant` of a rule that reports several kinds of finding on one
         op (TQ203: "pageable HtoD" and "small HtoD" copies of one `aten::to` are two
         problems with two fixes). Equal keys are "the same finding" for grouping, diffs and
-        baselines."""
-        op_names = ",".join(dict.fromkeys(self.evidence.get("op_names") or []))
+        baselines. An idiom finding (`evidence["idiom"]`) is keyed by its idiom and shapes
+        instead of module and op names: the same RMSNorm in every layer and the final norm
+        is one problem with one fix."""
         shapes = ";".join("x".join(map(str, s)) for s in self.shapes)
+        idiom = self.evidence.get("idiom")
+        if idiom:
+            # one idiom (`evidence["idiom"]`: "RMSNorm", "RoPE") at every call site is one
+            # finding: decoder layers and the final norm alike, whatever ops each spelled
+            key = f"{self.rule}|idiom:{idiom}|{shapes}"
+            return f"{key}|{self.variant}" if self.variant else key
+        op_names = ",".join(dict.fromkeys(self.evidence.get("op_names") or []))
         key = f"{self.rule}|{normalize_module(self.module) or ''}|{op_names}|{shapes}"
         return f"{key}|{self.variant}" if self.variant else key
 

@@ -14,19 +14,13 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from traceq.perf.savings import scaled_saving_us
+from traceq.perf.traffic import numel
 from traceq.rules.base import Context, rule
+from traceq.rules.details import details, located, mib, shape_text
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import (
-    base_name,
-    details,
-    fusion_edges,
-    fusion_ops,
-    located,
-    mib,
-    numel,
-    scaled_saving_us,
-    shape_text,
-)
+from traceq.rules.op_classes import ATEN_BASE
+from traceq.rules.op_groups import fusion_edges, fusion_ops
 
 BIAS_FREE_GEMMS = ("mm", "matmul", "bmm", "linear")
 
@@ -43,16 +37,29 @@ def split_bias_adds(
     With `single_consumer`, the GEMM output must feed nothing but the add: only then can
     the intermediate disappear.
     """
+    # forward GEMMs: backward adds no bias to a GEMM's output (a bias's gradient is a
+    # sum); an `add` after a dgrad `mm` is a custom Function's backward recomputing
+    # `bias + y` from the saved y (`tp_train`), which shape matching reads as the mm's
+    forward = ~pl.col("backward") if "backward" in ops.columns else pl.lit(True)
     gemms = ops.filter(
         (pl.col("role") == "gemm")
-        & base_name("name").is_in(list(BIAS_FREE_GEMMS))
+        & ATEN_BASE.is_in(list(BIAS_FREE_GEMMS))
         & ~pl.col("has_bias")
         & ~pl.col("epilogue_act")
+        & forward
     ).select(pl.col("event").alias("producer"), pl.col("output_shape").alias("out_shape"), "n")
     adds = ops.filter(
-        (base_name("name") == "add") & ~pl.col("generated") & (pl.col("tensor_inputs") == 2)
+        (ATEN_BASE == "add") & ~pl.col("generated") & (pl.col("tensor_inputs") == 2) & forward
     ).select(pl.col("event").alias("consumer"), "shapes")
-    consumers = edges.group_by("producer").agg(pl.col("consumer").n_unique().alias("_uses"))
+    # uses in the forward pass: backward's read of a saved GEMM output is autograd's, and
+    # one that inferred data flow mostly misses (`tp_train`: the exact flow has Megatron's
+    # bias-GELU backward read the fc1 output, the inferred one does not)
+    forward_ops = ops.filter(forward).select(pl.col("event").alias("consumer"))
+    consumers = (
+        edges.join(forward_ops, on="consumer", how="semi")
+        .group_by("producer")
+        .agg(pl.col("consumer").n_unique().alias("_uses"))
+    )
     other = pl.col("shapes").list.get(1 - pl.col("input_index"), null_on_oob=True)
     found = (
         edges.filter(pl.col("input_index").is_in([0, 1]) & (pl.col("confidence") >= min_confidence))

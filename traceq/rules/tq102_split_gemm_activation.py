@@ -17,19 +17,18 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.rules.base import Context, rule
-from traceq.rules.finding import Finding
-from traceq.rules.opclass import (
+from traceq.rules.details import (
     DETAIL_COLUMNS,
+    decode_kernels,
     details,
-    first_gemm_reading,
-    fusion_edges,
-    fusion_ops,
-    inner_activations,
     located,
     mib,
-    scaled_saving_us,
     shape_text,
 )
+from traceq.rules.finding import Finding
+from traceq.rules.idioms import model_saving
+from traceq.rules.kernel_patterns import kernel_activation_splits
+from traceq.rules.op_groups import first_gemm_reading, fusion_edges, fusion_ops, inner_activations
 from traceq.rules.tq101_split_matmul_bias import split_bias_adds
 from traceq.rules.tq103_unfused_glu import gemm_activations, glu_ops
 
@@ -64,6 +63,7 @@ def split_activations(
     acts = acts.join(via_bias, on=["gemm", "act_output"], how="left")
     if not include_compiled:
         acts = acts.filter(~pl.col("generated"))
+    acts = one_gemm_per_activation(ops, acts)
     next_gemm = first_gemm_reading(ops, trusted, "consumer_gemm")
     return (
         acts.join(glus.select(pl.col("act_output")), on="act_output", how="anti")
@@ -80,6 +80,27 @@ def split_activations(
             "generated",
         )
         .sort("gemm", "act_output")
+    )
+
+
+def one_gemm_per_activation(ops: pl.DataFrame, acts: pl.DataFrame) -> pl.DataFrame:
+    """`acts` with each activation (`act_output`) paired with one GEMM: the last one to run
+    before it on its thread.
+
+    A compiler's activation kernel reads more than one tensor (`triton_poi_fused_addmm_gelu`
+    reads the GEMM's output and the bias; a residual add fused in reads the stream), and
+    with shape-matched data flow a second GEMM of the same output shape that ran earlier —
+    whose output feeds something else (another projection, attention) — reads as one of
+    its producers too. Inductor emits the extern GEMM and then the kernel that finishes
+    its output, so the GEMM that ran last is the one; the earlier one made a second
+    finding for the same kernel and counted its saving twice.
+    """
+    when = ops.select(pl.col("event").alias("gemm"), pl.col("ts_ns").alias("_gemm_ts"))
+    return (
+        acts.join(when, on="gemm", how="left")
+        .sort(["_gemm_ts", "gemm"], descending=True, nulls_last=True)
+        .unique("act_output", keep="first", maintain_order=True)
+        .drop("_gemm_ts")
     )
 
 
@@ -106,6 +127,81 @@ def inner_splits(inner: pl.DataFrame, ops: pl.DataFrame, edges: pl.DataFrame) ->
     )
 
 
+#: Activations cuBLASLt's GEMM epilogues apply (`torch._addmm_activation`: `use_gelu`
+#: picks GELU, the tanh approximation, else ReLU), and the dtypes they take.
+CUBLASLT_EPILOGUE = {"relu": "ReLU", "gelu": "GELU"}
+CUBLASLT_DTYPES = ("float", "c10::Half", "c10::BFloat16")
+
+#: Activations the zoo's `gemm_bias_act` applies in its epilogue.
+ZOO_ACTIVATIONS = ("relu", "gelu", "silu")
+
+
+def epilogue_fix(
+    activation: str,
+    gemm: str,
+    dtype: str | None,
+    device: str,
+    generated: bool = False,
+    written_out: bool = False,
+) -> str:
+    """The remedy for one split, naming only calls that apply to its activation, dtype and
+    device: `torch._addmm_activation` for ReLU and GELU on a GPU in a float dtype (the
+    cuBLASLt epilogue; its GELU is the tanh approximation), never for sigmoid, tanh or
+    SiLU, and never on the CPU, where it runs `addmm`, then the activation; the zoo's
+    `gemm_bias_act` only for the activations it has (`ZOO_ACTIVATIONS`)."""
+    compile_ = "`torch.compile(mode='max-autotune')`"
+    zoo = activation in ZOO_ACTIVATIONS
+    if generated:
+        return (
+            "The compiler kept the GEMM an extern call and runs the activation as a kernel "
+            f"of its own: compile with {compile_} so Inductor benchmarks GEMM templates "
+            "that apply bias and activation in their epilogue"
+            + (", or call the zoo's `gemm_bias_act` inside the compiled region" if zoo else "")
+            + "."
+        )
+    prefix = ""
+    if activation == "quick_gelu":
+        prefix = (
+            "QuickGELU (`x * sigmoid(1.702 * x)`) has no single eager op, and `F.silu` would "
+            "change the model's numerics: "
+        )
+    elif written_out:
+        one_op = {"gelu": "`F.gelu(x, approximate='tanh')`", "silu": "`F.silu(x)`"}
+        prefix = (
+            f"Replace the written-out {activation} with one op "
+            f"({one_op.get(activation, 'the fused op')}), then: "
+        )
+    if device != "gpu":
+        text = (
+            "`torch._addmm_activation` fuses only on CUDA (cuBLASLt epilogue); on the CPU it "
+            "runs `addmm`, then the activation, and no eager call applies the activation in "
+            f"the GEMM: compile the block with {compile_}, whose C++ GEMM template can apply "
+            "it in the epilogue"
+        )
+    elif activation in CUBLASLT_EPILOGUE and (dtype in CUBLASLT_DTYPES or dtype is None):
+        how = (
+            ", use_gelu=True)` (cuBLASLt's GELU epilogue, the tanh approximation: check the "
+            "numerics against an erf `F.gelu`)"
+            if activation == "gelu"
+            else ")` (cuBLASLt's ReLU epilogue)"
+        )
+        text = (
+            f"apply the activation in the GEMM epilogue: `torch._addmm_activation(b, x, w.t(){how}"
+            f", {compile_}, or the zoo's `gemm_bias_act`"
+        )
+    else:
+        name = {"quick_gelu": "QuickGELU"}.get(activation, activation)
+        text = (
+            f"no cuBLASLt epilogue applies {name} (`torch._addmm_activation` does ReLU and "
+            f"GELU only): fuse it with the GEMM through {compile_} (epilogue fusion into a "
+            "Triton GEMM template)"
+            + (", the zoo's `gemm_bias_act`," if zoo else "")
+            + " or a Triton GEMM with the activation in its epilogue"
+        )
+    text = prefix + text if prefix else text[0].upper() + text[1:]
+    return text + "."
+
+
 DEFAULTS = {"include_compiled": True, "min_confidence": 0.4, "min_saving_us": 0.0}
 
 
@@ -115,6 +211,7 @@ DEFAULTS = {"include_compiled": True, "min_confidence": 0.4, "min_saving_us": 0.
     "warning",
     defaults=DEFAULTS,
     zoo=("gemm_bias_act", "mlp"),
+    defers=True,
 )
 def check(ctx: Context) -> Iterator[Finding]:
     """## What it does
@@ -153,7 +250,11 @@ def check(ctx: Context) -> Iterator[Finding]:
     `aten::addmm`) and applies the bias and activation in a kernel of their own
     (`triton_poi_fused_addmm_gelu_view_0`, `cpp_fused_gelu_0`). Kernels that already fuse
     the activation with the next op (`..._mul_silu`, `silu_and_mul`, Liger, the zoo) or
-    with the GEMM (a `triton_tem_fused_addmm_gelu` template) are not splits.
+    with the GEMM (a `triton_tem_fused_addmm_gelu` template) are not splits. Where the
+    kernels have no op of their own (a GPU compiled region's launches; an anonymous Triton
+    kernel an `autograd.Function` such as Megatron's `GeLUFunction` launches), a GEMM
+    kernel followed on its stream by the activation kernel is the split
+    (`kernel_patterns.kernel_activation_splits`).
 
     ## Options
     - `include_compiled` (true): also report activations that a compiler (Inductor)
@@ -193,7 +294,7 @@ def check(ctx: Context) -> Iterator[Finding]:
         act = [rows[e] for e in split["act_ops"]]
         removed_us = sum(r["time_ns"] for r in act) / 1000
         traffic = sum(r["traffic_bytes"] for r in act)
-        saving = scaled_saving_us(removed_us, traffic, 0.0)
+        saving, model = model_saving(ctx, [r["event"] for r in act], removed_us, traffic, len(act))
         if saving < ctx.options["min_saving_us"]:
             continue
         where = located(ctx, [gemm, *act])
@@ -215,40 +316,17 @@ def check(ctx: Context) -> Iterator[Finding]:
                 "compiled": split["generated"],
             }
         )
-        zoo = ["gemm_bias_act"] + (["mlp"] if split["consumer_gemm"] is not None else [])
-        fix = (
-            "Apply the activation in the GEMM epilogue: `torch._addmm_activation(b, x, w.t(), "
-            "use_gelu=...)` (cuBLASLt; ReLU/GELU), `torch.compile(mode='max-autotune')`, or "
-            "the zoo's `gemm_bias_act`"
+        zoo = (["gemm_bias_act"] if split["activation"] in ZOO_ACTIVATIONS else []) + (
+            ["mlp"] if split["consumer_gemm"] is not None else []
         )
-        if split["generated"]:
-            fix = (
-                "The compiler kept the GEMM an extern call and runs the activation as a kernel "
-                "of its own: compile with `torch.compile(mode='max-autotune')` so Inductor "
-                "benchmarks Triton GEMM templates that apply bias and activation in their "
-                "epilogue, or call the zoo's `gemm_bias_act` inside the compiled region"
-            )
-        elif gemm["name"] == "aten::_addmm_activation":
-            fix = (
-                "`torch._addmm_activation` fuses only on CUDA (cuBLASLt epilogue); on the CPU "
-                "it runs `addmm`, then the activation. Compile the block with `torch.compile`, "
-                "or run it on the GPU, or use the zoo's `gemm_bias_act`"
-            )
-        elif split["activation"] == "quick_gelu":
-            fix = (
-                "QuickGELU (`x * sigmoid(1.702 * x)`) has no single eager op, and `F.silu` "
-                "would change the model's numerics: fuse it with the GEMM through "
-                "`torch.compile(mode='max-autotune')` (epilogue fusion) or a Triton GEMM with "
-                "the activation in its epilogue"
-            )
-        elif split["written_out"]:
-            one_op = {"gelu": "`F.gelu(x, approximate='tanh')`", "silu": "`F.silu(x)`"}
-            fix = (
-                f"Replace the written-out {split['activation']} with one op "
-                f"({one_op.get(split['activation'], 'the fused op')}), then: "
-                + fix[0].lower()
-                + fix[1:]
-            )
+        fix = epilogue_fix(
+            split["activation"],
+            gemm["name"],
+            gemm["dtype"],
+            ctx.device.kind,
+            generated=split["generated"],
+            written_out=split["written_out"],
+        )
         yield ctx.finding(
             message=(
                 f"`{gemm['name']}` → {act_text} on {shape_text(out)}: the activation "
@@ -256,14 +334,64 @@ def check(ctx: Context) -> Iterator[Finding]:
             ),
             shapes=[s for s in (gemm["shapes"] or []) if s],
             est_saving_us=saving,
-            saving_model=(
-                f"measured time of the activation ({removed_us:.2f} µs): in the epilogue it "
-                f"moves no data of its own (it moved {mib(traffic)}; at "
-                f"{ctx.device.bandwidth_text} ≥ {ctx.device.transfer_us(traffic):.2f} µs)"
-            ),
-            fix=fix + ".",
+            saving_model=f"in the epilogue the activation moves no data of its own: {model}",
+            fix=fix,
             zoo=zoo,
             **where,
+        )
+    yield from kernel_splits(ctx)
+
+
+def kernel_splits(ctx: Context) -> Iterator[Finding]:
+    """Splits seen only on the stream (`kernel_activation_splits`): a GEMM kernel, then an
+    activation kernel that no op launched — an Inductor kernel of a compiled region, or an
+    anonymous Triton kernel of an `autograd.Function` (Megatron's `GeLUFunction`). No
+    shapes exist for them: the saving is the activation kernel's time."""
+    splits = kernel_activation_splits(ctx, include_compiled=ctx.options["include_compiled"])
+    for split in splits.iter_rows(named=True):
+        removed_us = split["act_ns"] / 1000
+        if removed_us < ctx.options["min_saving_us"]:
+            continue
+        ops = [split["gemm_op"]] if split["gemm_op"] is not None else []
+        kernel_names = [split["gemm_name"], split["act_name"]]
+        where = (
+            f"a compiled region (`{split['launcher']}`)"
+            if split["generated"]
+            else f"`{split['launcher']}`"
+        )
+        yield ctx.finding(
+            message=(
+                f"GEMM kernel → `{split['act_name']}` ({split['activation']}) launched by "
+                f"{where} with no op of its own: the activation re-reads the GEMM output "
+                "instead of running in its epilogue"
+            ),
+            step=split["step"],
+            module=split["module"],
+            ops=ops,
+            kernels=[split["gemm_kernel"], split["act_kernel"]],
+            time_us=(split["gemm_ns"] + split["act_ns"]) / 1000,
+            est_saving_us=removed_us,
+            saving_model=(
+                "in the epilogue the activation moves no data of its own: the activation "
+                f"kernel's time ({removed_us:.3f} µs); no shapes recorded for kernels without "
+                "an op, so no traffic model"
+            ),
+            fix=epilogue_fix(
+                split["activation"], "", None, ctx.device.kind, generated=split["generated"]
+            ),
+            zoo=["gemm_bias_act"] if split["activation"] in ZOO_ACTIVATIONS else [],
+            evidence={
+                "op_names": [],
+                "kernel_names": kernel_names,
+                "decoded": decode_kernels(kernel_names),
+                "activation": split["activation"],
+                "launched_by": split["launcher"],
+                "removed_us": round(removed_us, 3),
+                "compiled": split["generated"],
+                "matched_on": "stream order and kernel names (the kernels have no op: no "
+                "shapes, no data flow)",
+                "time_basis": "gpu kernels",
+            },
         )
 
 

@@ -17,20 +17,17 @@ from collections.abc import Iterator
 
 import polars as pl
 
-from traceq.relations.opshapes import MULTI_OUTPUT
+from traceq.relations.dataflow.shapes import MULTI_OUTPUT
 from traceq.rules.base import Context, rule
+from traceq.rules.details import details, located, mib, shape_text
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import (
-    base_name,
-    details,
+from traceq.rules.idioms import fused_saving
+from traceq.rules.op_classes import ATEN_BASE
+from traceq.rules.op_groups import (
     first_gemm_reading,
     fusion_edges,
     fusion_ops,
-    located,
-    mib,
     parent_module,
-    scaled_saving_us,
-    shape_text,
     written_out_activations,
 )
 
@@ -52,7 +49,11 @@ def gemm_activations(
     test needs.
     """
     trusted = edges.filter(pl.col("confidence") >= min_confidence)
-    gemms = ops.filter((pl.col("role") == "gemm") & ~pl.col("epilogue_act")).select(
+    # forward GEMMs: what backward runs after a GEMM (a dgrad `mm`, then the recomputed
+    # activation of a custom Function's backward that reads the saved input) is the
+    # gradient of the forward pattern, which the forward finding's fix removes too
+    forward = ~pl.col("backward") if "backward" in ops.columns else pl.lit(True)
+    gemms = ops.filter((pl.col("role") == "gemm") & ~pl.col("epilogue_act") & forward).select(
         pl.col("event").alias("producer")
     )
     # a compiler's activation kernel may also read the bias it fused (`fused_addmm_gelu`)
@@ -110,7 +111,7 @@ def glu_patterns(
     trusted = edges.filter(pl.col("confidence") >= min_confidence)
     acts = gemm_activations(ops, edges, min_confidence)
     muls = ops.filter(
-        (base_name("name") == "mul")
+        (ATEN_BASE == "mul")
         & (pl.col("role") == "elementwise")
         & ~pl.col("generated")
         & (pl.col("tensor_inputs") == 2)
@@ -140,7 +141,7 @@ def glu_patterns(
         pl.col("input_index").alias("act_index"),
         pl.min_horizontal("confidence", "act_confidence").alias("confidence"),
     )
-    splits = ops.filter(base_name("name").is_in(list(MULTI_OUTPUT)))["event"].to_list()
+    splits = ops.filter(ATEN_BASE.is_in(list(MULTI_OUTPUT)))["event"].to_list()
     from_up = trusted.join(
         gemm_info.select(pl.col("event").alias("producer")), on="producer"
     ).select(
@@ -209,7 +210,14 @@ def glu_ops(ctx: Context) -> pl.DataFrame:
 DEFAULTS = {"min_confidence": 0.4, "min_saving_us": 0.0}
 
 
-@rule("TQ103", "unfused-glu", "warning", defaults=DEFAULTS, zoo=("glu", "dual_gemm_glu"))
+@rule(
+    "TQ103",
+    "unfused-glu",
+    "warning",
+    defaults=DEFAULTS,
+    zoo=("glu", "dual_gemm_glu"),
+    explains=True,
+)
 def check(ctx: Context) -> Iterator[Finding]:
     """## What it does
     Finds gated linear units whose activation and multiply run as separate ops. That is
@@ -271,7 +279,8 @@ def check(ctx: Context) -> Iterator[Finding]:
         removed_us = sum(r["time_ns"] for r in removed) / 1000
         unfused = sum(r["traffic_bytes"] for r in removed)
         fused = mul["traffic_bytes"]  # reads gate and up, writes the product
-        saving = scaled_saving_us(removed_us, unfused, fused)
+        removed_events = [r["event"] for r in removed]
+        saving, model = fused_saving(ctx, removed_events, removed_us, unfused, fused, len(removed))
         if saving < ctx.options["min_saving_us"]:
             continue
         where = located(ctx, [*gemms, *removed])
@@ -294,6 +303,8 @@ def check(ctx: Context) -> Iterator[Finding]:
                 "unfused_traffic": mib(unfused),
                 "fused_traffic": mib(fused),
                 "dataflow_confidence": glu["confidence"],
+                # the activation and multiply; the gate and up GEMMs stay TQ105's
+                "explains": [*glu["act_ops"], glu["mul"]],
             }
         )
         zoo = ["glu"] if merged else ["glu", "dual_gemm_glu"]
@@ -307,10 +318,8 @@ def check(ctx: Context) -> Iterator[Finding]:
             ),
             shapes=[s for s in (mul["shapes"] or []) if s],
             est_saving_us=saving,
-            saving_model=(
-                f"measured time of activation + mul ({removed_us:.2f} µs) × (1 − fused GLU "
-                f"traffic / unfused: {mib(fused)} / {mib(unfused)}); the GEMM merge is TQ105's"
-            ),
+            saving_model=f"activation + mul fused ({mib(unfused)} → {mib(fused)}): {model}; "
+            "the GEMM merge is TQ105's",
             fix=(
                 "Fuse the activation and the multiply: torch.compile, Liger's "
                 "LigerSiLUMulFunction / LigerGELUMulFunction, vLLM's SiluAndMul, or the zoo's "

@@ -19,6 +19,10 @@ it read: in T5's buckets `abs(relative_position)` reads as reading the bucket su
 just before (`(rel > 0).long() * n + 0`), a chain the Execution Trace does not have.
 Nor is an op that returns a 0-d tensor a member (`scalar_arithmetic`): a scheduler's
 `(1 - alpha_t) ** 0.5` costs dispatches, not memory traffic.
+Nor does a link cross a GEMM, a norm, attention or a custom op whose result its consumer
+may have read (`_across_work`), or the forward/backward boundary (`_across_passes`); on a
+GPU trace an op that launched no kernel is no member; and the backward of ops another
+finding reports (`op_groups.backward_of`) is that finding's problem, not a chain.
 What remains of a chain must still have `min_ops` ops.
 """
 
@@ -28,20 +32,12 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from traceq.perf.traffic import ITEMSIZE, input_bytes, numel
 from traceq.rules.base import Context, rule
+from traceq.rules.details import details, located, mib, shape_text
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import (
-    ITEMSIZE,
-    details,
-    fusion_edges,
-    fusion_ops,
-    input_bytes,
-    located,
-    mib,
-    numel,
-    scaled_saving_us,
-    shape_text,
-)
+from traceq.rules.idioms import fused_saving
+from traceq.rules.op_groups import backward_of, fusion_edges, fusion_ops
 from traceq.rules.tq101_split_matmul_bias import split_bias_adds
 from traceq.rules.tq102_split_gemm_activation import split_activations
 from traceq.rules.tq103_unfused_glu import glu_ops
@@ -141,8 +137,103 @@ def one_kernel_links(ops: pl.DataFrame, edges: pl.DataFrame, links: pl.DataFrame
         .filter(later.is_null() | (later < pl.col("_ts")))
         .select("producer", "consumer", "input_index")
     )
-    cut = pl.concat([_across_calls(ops, kept), _zero_dim_reads(ops, kept)])
+    cut = pl.concat(
+        [
+            _across_calls(ops, kept),
+            _zero_dim_reads(ops, kept),
+            _across_work(ops, edges, kept),
+            _across_passes(ops, kept),
+        ]
+    )
     return kept.join(cut, on=["producer", "consumer"], how="anti")
+
+
+def _across_passes(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
+    """`producer`, `consumer` of links from the forward pass into the backward
+    (`fusion_ops`' `backward`): a backward op reading a saved tensor. The loss, the
+    engine and every later layer's backward run in between; no kernel spans the two
+    passes (`tp_train`: `x ** 2` and the `pow` of its gradient read as one chain)."""
+    if "backward" not in ops.columns:
+        return links.select("producer", "consumer").clear()
+    side = ops.select("event", "backward")
+    return (
+        links.join(side.rename({"event": "producer", "backward": "_pb"}), on="producer")
+        .join(side.rename({"event": "consumer", "backward": "_cb"}), on="consumer")
+        .filter(pl.col("_pb") != pl.col("_cb"))
+        .select("producer", "consumer")
+    )
+
+
+BARRIER = r"(?i)(norm|softmax|attention|attn|conv|embedding)"
+"""Names of ops no elementwise kernel runs through: normalizations (`layer_norm`,
+`aiter::_groupnorm_run`), softmax, attention (`_scaled_dot_product_*`,
+`_flash_attention_forward`), convolutions, embedding lookups."""
+
+
+def barrier(ops: pl.DataFrame) -> pl.Expr:
+    """True for an op a pointwise chain cannot run across (`_across_work`): a GEMM, a
+    normalization, softmax, attention, a convolution or an embedding (`BARRIER`), or a
+    library's custom op (`aiter::`, `vllm::`, `_C::`: a namespace other than aten's)."""
+    name = pl.col("name")
+    custom = name.str.contains("::") & ~name.str.starts_with("aten::")
+    role = pl.col("role") if "role" in ops.columns else pl.lit(None, dtype=pl.String)
+    return (
+        (role == "gemm") | (role.is_in(["other", "fused"]) & name.str.contains(BARRIER)) | custom
+    ).fill_null(False)
+
+
+def _across_work(ops: pl.DataFrame, edges: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
+    """`producer`, `consumer` of links with a GEMM, a norm, attention or a custom op
+    (`barrier`) run between them on the producer's thread, where data flow may have
+    missed what the consumer read from it: the consumer has a tensor input no edge
+    explains, or the op recorded no output (a custom op: `div → aiter::_groupnorm_run →
+    silu` read as `div → silu`, the only same-shaped value before the silu).
+
+    Residual adds whose attention or MLP branch reached them through an edge data flow
+    missed chained across layers, LayerNorm, attention and GEMMs in between; the later
+    outside input that `one_kernel_links` cuts on was the edge missing. A consumer whose
+    every input is explained keeps its link across independent work (`x * s` then an
+    unrelated projection, then `+ y`)."""
+    if not {"name", "tensor_inputs"} <= set(ops.columns) or links.height == 0:
+        return links.select("producer", "consumer").clear()
+    explained = edges.group_by("consumer").agg(pl.col("input_index").n_unique().alias("_known"))
+    unexplained = (
+        ops.select(pl.col("event").alias("consumer"), "tensor_inputs")
+        .join(explained, on="consumer", how="left")
+        .filter(pl.col("_known").fill_null(0) < pl.col("tensor_inputs"))
+        .select("consumer")
+    )
+    spans = _spans(ops, links).sort("_p_ts")
+    walls = ops.filter(barrier(ops)).select(
+        "pid",
+        "tid",
+        pl.col("ts_ns").alias("_w_ts"),
+        pl.col("output_shape").is_null().alias("_blind"),
+    )
+    if walls.height == 0 or spans.height == 0:
+        return links.select("producer", "consumer").clear()
+
+    def first_after(of: pl.DataFrame, walls: pl.DataFrame) -> pl.DataFrame:
+        return (
+            of.join_asof(
+                walls.sort("_w_ts"),
+                left_on="_p_ts",
+                right_on="_w_ts",
+                by=["pid", "tid"],
+                strategy="forward",
+                allow_exact_matches=False,
+                check_sortedness=False,  # both sides are sorted on time
+            )
+            .filter(pl.col("_w_ts").is_not_null() & (pl.col("_w_ts") < pl.col("_c_ts")))
+            .select("producer", "consumer")
+        )
+
+    return pl.concat(
+        [
+            first_after(spans.join(unexplained, on="consumer", how="semi"), walls.drop("_blind")),
+            first_after(spans, walls.filter("_blind").drop("_blind")),
+        ]
+    ).unique()
 
 
 def _zero_dim_reads(ops: pl.DataFrame, links: pl.DataFrame) -> pl.DataFrame:
@@ -267,11 +358,14 @@ def pointwise_chains(
     claimed: pl.Series,
     min_ops: int = 3,
     min_confidence: float = 0.0,
+    launched: bool = False,
 ) -> pl.DataFrame:
     """One row per chain: `ops` (event ids, in order), `n`, `shape`, `unfused_bytes` (what
     the ops move one by one) and `fused_bytes` (what one kernel would move: inputs from
     outside the chain, and outputs read outside it or by no one). `claimed` ops (other
-    rules' findings) are left out.
+    rules' findings) are left out, and with `launched` (a GPU trace) so are ops that
+    launched no kernel: arithmetic on CPU tensors (a sampler's bookkeeping, a metric), with
+    no device time to save and no kernel to fuse into.
     """
     # an op that runs a copy-engine transfer (`to("cpu")`: Memcpy DtoH; a scalar operand
     # copied to the device) moves data a fused kernel would still move: TQ203's, not a chain's
@@ -288,6 +382,8 @@ def pointwise_chains(
         & ~pl.col("glu_fused")
         & ~transfer.fill_null(False)
     )
+    if launched and "n_kernels" in ops.columns:
+        pointwise = pointwise & (pl.col("n_kernels").fill_null(0) > 0)
     # a 0-d result is host-side scalar arithmetic, no activation to fuse (`scalar_arithmetic`)
     members = ops.filter(
         pointwise
@@ -379,6 +475,18 @@ def pointwise_chains(
     )
 
 
+def _member_reads(chains: pl.DataFrame, edges: pl.DataFrame) -> dict[int, int]:
+    """Per chain op, how many other ops of its chain it reads."""
+    members = chains.select("chain", pl.col("ops").alias("event")).explode("event")
+    return dict(
+        edges.join(members.rename({"event": "consumer"}), on="consumer")
+        .join(members.rename({"event": "producer"}), on=["producer", "chain"])
+        .group_by("consumer")
+        .agg(pl.col("producer").n_unique())
+        .iter_rows()
+    )
+
+
 def claimed_ops(ctx: Context) -> pl.Series:
     """Ops TQ101, TQ102 and TQ103 report (at their default thresholds), and the optimizer's
     per-tensor updates (TQ206's): shape-matched "chains" there run across parameters, and
@@ -402,7 +510,29 @@ def claimed_ops(ctx: Context) -> pl.Series:
 DEFAULTS = {"min_ops": 3, "min_confidence": 0.4, "min_saving_us": 0.0}
 
 
-@rule("TQ104", "pointwise-chain", "info", defaults=DEFAULTS)
+def chain_computes(names: list[str], reads: list[int]) -> tuple[str | None, str | None]:
+    """What a chain of ops (their names, in order; `reads`: how many chain members each
+    reads) computes, when it is recognisable, and the one call that does it: a GELU or
+    SiLU written out, a residual add of a scaled branch (`x + s * y`: a path of `mul`s
+    into an `add` whose other input comes from outside). (None, None) for any other."""
+    base = [n.removeprefix("aten::").rstrip("_") for n in names]
+    ops = set(base) - {"to", "_to_copy", "type_as"}
+    if "tanh" in ops and {"mul", "add"} <= ops:
+        return "GELU-tanh written out", "`F.gelu(x, approximate='tanh')` (one kernel)"
+    if "erf" in ops and {"mul", "add"} <= ops:
+        return "GELU written out", "`F.gelu(x)` (one kernel)"
+    if "sigmoid" in ops and "mul" in ops and ops <= {"sigmoid", "mul"}:
+        return "SiLU written out", "`F.silu(x)` (one kernel)"
+    path = all(r <= 1 for r in reads)  # each op reads one member: no `a * b + c * d`
+    if ops == {"mul", "add"} and base[-1] == "add" and base.count("add") == 1 and path:
+        return "scaled residual add", (
+            "`torch.addcmul(x, gate, y)` or `torch.add(x, y, alpha=s)` (one kernel), or fold "
+            "the scale into the GEMM that produced the branch"
+        )
+    return None, None
+
+
+@rule("TQ104", "pointwise-chain", "info", defaults=DEFAULTS, defers=True)
 def check(ctx: Context) -> Iterator[Finding]:
     """## What it does
     Finds three or more elementwise ops in one data-flow chain, each its own kernel. The
@@ -432,8 +562,12 @@ def check(ctx: Context) -> Iterator[Finding]:
     def f(x):
         return ((x * 2 + 1).sigmoid() * x).relu()  # one fused kernel
     ```
-    or a hand-written Triton kernel; for normalisations, the fused op
-    (`F.rms_norm`, `F.layer_norm`).
+    or a hand-written Triton kernel. A chain that computes a known function is named
+    with the one call that does it: "GELU-tanh written out" (`F.gelu(x,
+    approximate='tanh')`), "SiLU written out" (`F.silu`), "scaled residual add"
+    (`torch.addcmul`). Ops an idiom finding explains (TQ103's GLU, TQ107's written-out
+    norm, TQ108's rotary embedding, ...: `traceq.rules.explained`) are never a chain's:
+    a chain they cut shrinks to what is left, or goes.
 
     ## Options
     - `min_ops` (3): fewest ops that make a chain.
@@ -446,45 +580,57 @@ def check(ctx: Context) -> Iterator[Finding]:
       https://triton-lang.org/main/getting-started/tutorials/02-fused-softmax.html
     """
     ops = fusion_ops(ctx)
+    # ops an idiom finding explains (TQ103, TQ107, TQ108, ...): `rules.explained`
+    claimed = pl.concat([claimed_ops(ctx), pl.Series(sorted(ctx.explained), dtype=pl.Int64)])
     chains = pointwise_chains(
         ops,
         fusion_edges(ctx),
-        claimed_ops(ctx),
+        # and their backward: the fix that removes the forward ops removes it too
+        pl.concat([claimed, backward_of(ctx, claimed)]),
         min_ops=ctx.options["min_ops"],
         min_confidence=ctx.options["min_confidence"],
+        # on a GPU trace whose ops are linked to kernels, ops without one ran on the CPU
+        launched=ctx.device.kind == "gpu" and ops["n_kernels"].fill_null(0).sum() > 0,
     )
     rows = details(ops, chains["ops"].explode().to_list())
+    reads = _member_reads(chains, fusion_edges(ctx))
     for chain in chains.iter_rows(named=True):
         members = [rows[e] for e in chain["ops"]]
         time_us = sum(r["time_ns"] for r in members) / 1000
-        saving = scaled_saving_us(time_us, chain["unfused_bytes"], chain["fused_bytes"])
+        saving, model = fused_saving(
+            ctx, chain["ops"], time_us, chain["unfused_bytes"], chain["fused_bytes"], len(members)
+        )
         if saving < ctx.options["min_saving_us"]:
             continue
         where = located(ctx, members)
         names = " → ".join(r["name"].removeprefix("aten::") for r in members)
+        computes, one_call = chain_computes(
+            [r["name"] for r in members], [reads.get(e, 0) for e in chain["ops"]]
+        )
         where["evidence"].update(
             {
                 "unfused_traffic": mib(chain["unfused_bytes"]),
                 "fused_traffic": mib(chain["fused_bytes"]),
+                "computes": computes,
             }
         )
+        fix = (
+            "Fuse the chain into one kernel: `torch.compile` the function (Inductor emits "
+            "one `triton_poi_fused_*` kernel) or write it in Triton."
+        )
+        if one_call:
+            fix = f"It is {computes}: call {one_call}, or {fix[0].lower()}{fix[1:]}"
         yield ctx.finding(
             message=(
-                f"{chain['n']} elementwise ops ({names}) on {shape_text(chain['shape'])} run "
+                (f"{computes}: " if computes else "")
+                + f"{chain['n']} elementwise ops ({names}) on {shape_text(chain['shape'])} run "
                 f"as {chain['n']} kernels; one fused kernel would move "
                 f"{mib(chain['fused_bytes'])} instead of {mib(chain['unfused_bytes'])}"
             ),
             shapes=[chain["shape"]],
             est_saving_us=saving,
-            saving_model=(
-                f"measured time of the chain ({time_us:.2f} µs) × (1 − fused / unfused "
-                f"traffic: {chain['fused_bytes']} / {chain['unfused_bytes']} bytes)"
-            ),
-            fix=(
-                "Fuse the chain into one kernel: `torch.compile` the function (Inductor emits "
-                "one `triton_poi_fused_*` kernel), write it in Triton, or use the fused op it "
-                "spells out (`F.rms_norm`, `F.layer_norm`, `F.gelu`)."
-            ),
+            saving_model=f"one kernel for the chain: {model}",
+            fix=fix,
             **where,
         )
 

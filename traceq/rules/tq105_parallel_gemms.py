@@ -27,48 +27,48 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from traceq.perf.traffic import numel
+from traceq.relations.dataflow import passed_shapeless
 from traceq.rules.base import Context, rule
+from traceq.rules.details import decode_kernels, details, located, mib, shape_text
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import (
-    autograd_work,
-    details,
-    fusion_edges,
-    fusion_ops,
-    located,
-    mib,
-    numel,
-    parent_module,
-    shape_text,
-)
+from traceq.rules.kernel_patterns import kernel_parallel_gemms
+from traceq.rules.op_groups import autograd_work, fusion_edges, fusion_ops, parent_module
+
+
+def custom_op() -> pl.Expr:
+    """A library's own op (`vllm::`, `sglang_profiler::`, `_C::`, `aiter::`), not aten's and
+    not a compiler's kernel (Inductor's `triton_poi_fused_...` has no namespace)."""
+    name = pl.col("name")
+    return name.str.contains("::") & ~name.str.starts_with("aten::")
 
 
 def unbroken(edges: pl.DataFrame, ordered: pl.DataFrame) -> pl.Expr:
     """True for edges whose producer has a recorded output shape and, for an edge matched
     on element count only (`evidence` "numel...": a compiled graph's reinterpreted
-    buffers), between which and whose consumer no op without one ran on the thread: such
-    an op (an Inductor C++ kernel records no arguments) may have written the buffer the
-    consumer read, so it breaks the edge rather than being bridged by it. Edges without
-    `evidence` (built by hand) count as shape-matched. `ordered` holds the ops with their
-    thread order `_seq`."""
+    buffers), that pass no op without one (`passed_shapeless`): such an op (an Inductor
+    C++ kernel records no arguments) may have written the buffer the consumer read, so it
+    breaks the edge rather than being bridged by it; so does, for any edge, a custom op
+    (not aten's) of unknown result. Edges without `evidence` (built by hand) count as
+    shape-matched. `ordered` holds the ops with their thread order `_seq`."""
     shapeless = pl.col("output_shape").is_null()
-    blind = ordered.sort("_seq").select(
-        "event",
-        shapeless.alias("_blind"),
-        shapeless.cast(pl.Int64).cum_sum().over("pid", "tid").alias("_n"),
-    )
-    producer = blind.select(pl.col("event").alias("producer"), "_blind", pl.col("_n").alias("_np"))
-    consumer = blind.select(pl.col("event").alias("consumer"), pl.col("_n").alias("_nc"))
     loose = (
         pl.col("evidence").str.starts_with("numel").fill_null(False)
         if "evidence" in edges.columns
         else pl.lit(False)
     )
-    ok = (
-        edges.select("producer", "consumer", loose.alias("_loose"))
-        .join(producer, on="producer")
-        .join(consumer, on="consumer")
-        .filter(~pl.col("_blind") & (~pl.col("_loose") | (pl.col("_nc") == pl.col("_np"))))
+    shaped = ordered.filter(~shapeless).select(pl.col("event").alias("producer"))
+    known = edges.select("producer", "consumer", loose.alias("_loose")).join(
+        shaped, on="producer", how="semi"
     )
+    known = known.join(ordered.select(pl.col("event").alias("consumer")), on="consumer", how="semi")
+    broken = passed_shapeless(known.filter("_loose"), ordered, shapeless, ["pid", "tid"])
+    # A custom op (not aten's) whose result the trace does not give may have written the
+    # buffer in place (SGLang's `sglang_profiler::` norms and attention inside a CUDA
+    # graph): an edge past one rests on a shape it hid, however well the shapes match.
+    opaque = shapeless & custom_op()
+    hidden = passed_shapeless(known, ordered, opaque, ["pid", "tid"])
+    ok = known.join(pl.concat([broken, hidden]), on=["producer", "consumer"], how="anti")
     key = pl.struct("producer", "consumer")
     return key.is_in(ok.select(key.alias("k"))["k"].implode())
 
@@ -118,6 +118,16 @@ def parallel_gemms(
     ordered = ops.with_columns(
         pl.col("ts_ns").rank("ordinal").over("pid", "tid").cast(pl.Int64).alias("_seq")
     )
+    if {"output_shape", "name"} <= set(ordered.columns):
+        # Custom ops of unknown result seen so far on the thread: GEMMs with "no producer"
+        # on either side of one may read what it wrote (vLLM's attention before each
+        # layer's o_proj), so they are not one graph input.
+        opaque = pl.col("output_shape").is_null() & custom_op()
+        ordered = ordered.with_columns(
+            opaque.cast(pl.Int64).cum_sum().over("pid", "tid", order_by="_seq").alias("_hidden")
+        )
+    else:
+        ordered = ordered.with_columns(pl.lit(0, dtype=pl.Int64).alias("_hidden"))
     gemms = ordered.filter(
         (pl.col("role") == "gemm") & pl.col("k").is_not_null() & pl.col("x_shape").is_not_null()
     ).select(
@@ -133,6 +143,7 @@ def parallel_gemms(
         "ts_ns",
         "_seq",
         "itemsize",
+        "_hidden",
         parent_module(),
         _call(ops),
     )
@@ -166,7 +177,7 @@ def parallel_gemms(
     by_place = (
         _bursts(
             gemms.filter(graph_input),
-            ["step", "pid", "tid", "call", "parent_module", *key],
+            ["step", "pid", "tid", "call", "parent_module", "_hidden", *key],
             max_ops_between,
         )
         .agg(
@@ -183,11 +194,95 @@ def parallel_gemms(
     groups = pl.concat(
         [by_source.select(columns), by_place.select(columns)], how="vertical_relaxed"
     )
+    groups = independent(groups, edges, ordered)
     return (
         groups.with_columns(pl.col("gemms").list.len().alias("n"))
         .filter(pl.col("n") >= min_gemms)
         .with_columns((numel(pl.col("x_shape")) * pl.col("itemsize")).alias("x_bytes"))
         .sort(pl.col("gemms").list.first())
+    )
+
+
+def independent(
+    groups: pl.DataFrame, edges: pl.DataFrame, ordered: pl.DataFrame, max_hops: int = 64
+) -> pl.DataFrame:
+    """`groups` less each GEMM that depends on an earlier GEMM of its group: reachable from
+    it along `edges` (any data flow, through any ops) before it starts.
+
+    Same shape is not same input, and two GEMMs one of which reads the other's result
+    (through a norm, attention, a residual add) cannot run as one: a projection and the
+    matmul that reads its normalized output; a QKV projection and a MoE router that runs
+    after attention; attention's output projection and the MLP's first GEMM. Data flow
+    matched their inputs by shape to one producer, or found none for either; the edges
+    between them say which came from which. A walk that data flow cannot complete (an
+    op with no recorded output in between) leaves the group as it was."""
+    if groups.height == 0 or edges.height == 0:
+        return groups
+    members = (
+        groups.with_row_index("_group")
+        .select("_group", pl.col("gemms").alias("_gemm"))
+        .explode("_gemm")
+    )
+    start = ordered.select(pl.col("event"), pl.col("ts_ns"))
+    last = (
+        members.join(start, left_on="_gemm", right_on="event")
+        .group_by("_group")
+        .agg(pl.col("ts_ns").max().alias("_until"))
+    )
+    forward = (
+        edges.select(pl.col("producer").alias("_at"), pl.col("consumer").alias("_next"))
+        .unique()
+        .join(start.rename({"event": "_next", "ts_ns": "_n_ts"}), on="_next")
+    )
+    frontier = members.join(last, on="_group").with_columns(pl.col("_gemm").alias("_at"))
+    seen = frontier.select("_group", "_gemm", "_at")
+    reached = []
+    for _ in range(max_hops):
+        frontier = (
+            frontier.join(forward, on="_at")
+            .filter(pl.col("_n_ts") <= pl.col("_until"))
+            .select("_group", "_gemm", "_until", pl.col("_next").alias("_at"))
+            .unique()
+            .join(seen, on=["_group", "_gemm", "_at"], how="anti")
+        )
+        if frontier.height == 0:
+            break
+        seen = pl.concat([seen, frontier.select("_group", "_gemm", "_at")])
+        reached.append(frontier.select("_group", pl.col("_at").alias("_dependent")))
+    if not reached:
+        return groups
+    dependent = (
+        pl.concat(reached)
+        .join(members, left_on=["_group", "_dependent"], right_on=["_group", "_gemm"], how="semi")
+        .unique()
+    )
+    kept = (
+        members.join(
+            dependent, left_on=["_group", "_gemm"], right_on=["_group", "_dependent"], how="anti"
+        )
+        .group_by("_group")
+        .agg(pl.col("_gemm").alias("_kept"))
+    )
+    ns = (
+        groups.with_row_index("_group")
+        .select("_group", "gemms", "ns")
+        .explode("gemms", "ns")
+        .join(
+            kept.explode("_kept"),
+            left_on=["_group", "gemms"],
+            right_on=["_group", "_kept"],
+            how="semi",
+        )
+        .group_by("_group", maintain_order=True)
+        .agg("gemms", "ns")
+    )
+    return (
+        groups.with_row_index("_group")
+        .drop("gemms", "ns")
+        .join(ns, on="_group", how="inner")
+        .sort("_group")
+        .drop("_group")
+        .select(groups.columns)
     )
 
 
@@ -213,7 +308,14 @@ def _call(ops: pl.DataFrame) -> pl.Expr:
 DEFAULTS = {"min_gemms": 2, "max_ops_between": 16, "min_confidence": 0.4, "min_saving_us": 0.0}
 
 
-@rule("TQ105", "parallel-gemms", "info", defaults=DEFAULTS, zoo=("dual_gemm_glu",))
+@rule(
+    "TQ105",
+    "parallel-gemms",
+    "info",
+    defaults=DEFAULTS,
+    zoo=("dual_gemm_glu",),
+    defers=True,  # gives way to idiom findings (`traceq.rules.explained`)
+)
 def check(ctx: Context) -> Iterator[Finding]:
     """## What it does
     Finds GEMMs that read the same input with the same K, each run on its own. Typically
@@ -241,6 +343,10 @@ def check(ctx: Context) -> Iterator[Finding]:
     gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
     ```
     For a GLU MLP, the zoo's `dual_gemm_glu` computes both GEMMs and the gate in one kernel.
+
+    Where the GEMM kernels have no op of their own (a GPU compiled region), GEMM kernels
+    back to back on a stream, of one name or grid, before an attention kernel or a fused
+    GLU kernel, are one group (`kernel_patterns.kernel_parallel_gemms`).
 
     ## Options
     - `min_gemms` (2): fewest GEMMs in a group.
@@ -311,6 +417,54 @@ def check(ctx: Context) -> Iterator[Finding]:
                 "GLU MLP, the zoo's `dual_gemm_glu`."
             ),
             **where,
+        )
+    yield from kernel_groups(ctx)
+
+
+def kernel_groups(ctx: Context) -> Iterator[Finding]:
+    """Groups seen only on the stream (`kernel_parallel_gemms`): GEMM kernels of a compiled
+    region with no op each, back to back before attention or a fused GLU kernel. No shapes:
+    the saving is launches only, capped like the op groups'."""
+    launch_us = ctx.device.launch_overhead_us
+    for group in kernel_parallel_gemms(ctx).iter_rows(named=True):
+        times = [t / 1000 for t in group["times_ns"]]
+        n = len(group["kernels"])
+        ceiling = sum(times) - max(times)
+        saving = min((n - 1) * launch_us, ceiling)
+        if saving < ctx.options["min_saving_us"]:
+            continue
+        yield ctx.finding(
+            message=(
+                f"{n} GEMM kernels run back to back before `{group['after']}` in "
+                f"`{group['launcher']}` with no op of their own (the q/k/v or gate/up "
+                "projections of one input): one GEMM over the concatenated weights would "
+                "read it once"
+            ),
+            step=group["step"],
+            module=group["module"],
+            kernels=group["kernels"],
+            time_us=sum(times),
+            est_saving_us=saving,
+            saving_model=(
+                f"{n - 1} × launch {launch_us:.2f} µs, capped at the time of all but the "
+                f"longest GEMM kernel ({ceiling:.2f} µs); no shapes recorded for kernels "
+                "without an op, so the input re-read is not counted"
+            ),
+            fix=(
+                "Concatenate the weights before compiling and run one GEMM, then split the "
+                "output: `qkv_proj(x).split(...)`, `gate_up_proj(x).chunk(2, -1)`."
+            ),
+            evidence={
+                "op_names": [],
+                "kernel_names": group["names"],
+                "decoded": decode_kernels(group["names"]),
+                "followed_by": group["after"],
+                "launched_by": group["launcher"],
+                "launch_overhead_us": launch_us,
+                "matched_on": "stream order, kernel names and grids (the kernels have no op: "
+                "no shapes, no data flow)",
+                "time_basis": "gpu kernels",
+            },
         )
 
 

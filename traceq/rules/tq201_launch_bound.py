@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from traceq.relations.inference import inference_steps
 from traceq.rules.base import Context, rule
 from traceq.rules.common import US, common_module, step_text
 from traceq.rules.finding import Finding
@@ -123,6 +124,7 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
             pl.col("op_event").drop_nulls().unique(maintain_order=True),
             pl.col("module").drop_nulls(),
             pl.col("runtime_event").drop_nulls(),
+            pl.col("launch_ts_ns").min().alias("launch_start"),
         )
         .with_columns((pl.col("end") - pl.col("start")).alias("span_ns"))
         .with_columns((pl.col("idle_ns") / pl.col("span_ns")).alias("idle_share"))
@@ -138,6 +140,7 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     launch_median = _launch_median_us(ctx, regions)
     top_ops = _top_ops(ctx, regions)
     graph_gap = float(opts["graph_gap_us"])
+    eager_decode = _eager_decode_steps(ctx)
     for row in regions.iter_rows(named=True):
         idle_us = row["idle_ns"] / US
         residual = (row["n"] - 1) * graph_gap
@@ -161,11 +164,7 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
                 f"idle gaps {idle_us:,.1f} µs − CUDA-graph residual gap {graph_gap:g} µs × "
                 f"{row['n'] - 1} transitions"
             ),
-            fix=(
-                "Capture the region in a CUDA graph (torch.cuda.graphs / "
-                "torch.compile(mode='reduce-overhead')), or fuse its kernels with "
-                "torch.compile so fewer launches are needed."
-            ),
+            fix=_fix(eager_decode, row["launch_start"]),
             evidence={
                 "device": row["device"],
                 "kernels": row["n"],
@@ -187,6 +186,35 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
                 "window_ns": [row["start"], row["end"]],
             },
         )
+
+
+def _eager_decode_steps(ctx: Context) -> pl.DataFrame:
+    """Serving decode steps (`relations.inference`) that replayed no CUDA graph."""
+    steps = inference_steps(ctx.trace)
+    return steps.filter((pl.col("phase") == "decode") & (pl.col("graph_launches") == 0))
+
+
+def _fix(eager_decode: pl.DataFrame, launch_start: int | None) -> str:
+    """The fix: CUDA graphs, named the serving engine's way inside an eager decode step."""
+    inside = (
+        launch_start is not None
+        and eager_decode.filter(
+            (pl.col("ts_ns") <= launch_start) & (launch_start < pl.col("end_ns"))
+        ).height
+    )
+    if inside:
+        return (
+            "This decode step launches its kernels one by one, without CUDA graphs: enable "
+            "them (vLLM: drop --enforce-eager, compilation_config cudagraph_mode "
+            "FULL_AND_PIECEWISE; SGLang: drop --disable-cuda-graph, raise "
+            "--cuda-graph-max-bs to cover this batch; torch.compile(mode='reduce-overhead') "
+            "elsewhere). A replay launches the whole step at once."
+        )
+    return (
+        "Capture the region in a CUDA graph (torch.cuda.graphs / "
+        "torch.compile(mode='reduce-overhead')), or fuse its kernels with "
+        "torch.compile so fewer launches are needed."
+    )
 
 
 def _top_ops(ctx: Context, regions: pl.DataFrame, n: int = 5) -> dict[int, list[dict]]:

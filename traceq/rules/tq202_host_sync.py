@@ -6,17 +6,20 @@ from collections.abc import Iterator
 
 import polars as pl
 
+from traceq.relations.phases import setup_phase_of
 from traceq.rules.base import Context, rule
 from traceq.rules.common import US, in_ranges, optimizer_ranges, outermost_operator
 from traceq.rules.finding import Finding
 
 SYNC_CALL = (
     r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memcpy2D|"
-    r"Memcpy3D|MemcpyFromSymbol|MemcpyToSymbol|MemcpyDtoH|MemcpyHtoD)$|"
+    r"Memcpy3D|MemcpyFromSymbol|MemcpyToSymbol|MemcpyDtoH|MemcpyHtoD|MemcpyWithStream)$|"
     r"^cu(CtxSynchronize|StreamSynchronize|EventSynchronize|MemcpyDtoH(_v2)?|MemcpyHtoD(_v2)?)$"
 )
 PAGEABLE_DTOH = r"^Memcpy DtoH \(Device -> Pageable\)"
 SCALAR_OPS = ("aten::item", "aten::_local_scalar_dense")
+BRANCH_OPS = ("aten::is_nonzero",)
+"""`bool(t)`: what Python runs for `if t:`, `while t:`, `and`/`or` on a tensor."""
 
 
 @rule(
@@ -35,7 +38,12 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
 
     Each sync is attributed to the top-level op it ran under (e.g. `aten::item`), so it
     points at the line of Python to change. Syncs outside profiler steps (the harness's own
-    `synchronize()` around timing) are left out unless `include_outside_steps = true`.
+    `synchronize()` around timing) are left out unless `include_outside_steps = true`, and
+    so are syncs in setup phases (`traceq.relations.phases`): CUDA-graph capture (vLLM's
+    `capture_model`, SGLang's `cuda_graph_runner.capture`, `torch.cuda.graph`), compilation
+    (`async_compile.wait`, Triton's compiler), an engine's warm-up and the profiler's own
+    stop: each runs once, with no steady-state work queued behind it. ROCm's blocking
+    `hipMemcpyWithStream` is a sync like `hipMemcpy`.
 
     Savings model: `min(wait, bubble)`, where *wait* is how long the CPU was blocked in the
     sync call and *bubble* is how long the GPU then sat idle until the CPU had launched its
@@ -86,6 +94,7 @@ def host_sync(ctx: Context) -> Iterator[Finding]:
     )
     if not ctx.options["include_outside_steps"] and trace.steps.height:
         calls = calls.filter(pl.col("step").is_not_null())
+    calls = calls.filter(setup_phase_of(calls, trace).is_null())
     if calls.height == 0:
         return
     calls = _with_bubble(calls, trace.kernels)
@@ -142,10 +151,12 @@ def _cpu_scalar_reads(ctx: Context) -> Iterator[Finding]:
         reads = reads.filter(~pl.col("event").is_in(counters.implode()))
     for row in reads.sort("ts_ns").iter_rows(named=True):
         cost = row["dur_ns"] / US
+        branch = row["_parent_name"] in BRANCH_OPS  # `if t:` runs is_nonzero -> item
+        culprit = row["_parent_name"] if branch else row["name"]
         yield ctx.finding(
             severity="info",
             message=(
-                f"{row['name']} reads a tensor value on the host ({cost:,.1f} µs here); on a "
+                f"{culprit} reads a tensor value on the host ({cost:,.1f} µs here); on a "
                 "GPU this waits for every queued kernel"
             ),
             step=row["step"],
@@ -154,8 +165,8 @@ def _cpu_scalar_reads(ctx: Context) -> Iterator[Finding]:
             time_us=cost,
             est_saving_us=cost,
             saving_model=f"measured CPU time of the op ({cost:,.1f} µs); on a GPU add the drain",
-            fix=_fix(row["name"]),
-            evidence={"op_names": [row["name"]]},
+            fix=_fix(culprit),
+            evidence={"op_names": [row["name"]], "called_from": row["_parent_name"]},
         )
 
 
@@ -180,8 +191,16 @@ def _who(op: str | None, call: str) -> str:
 def _fix(culprit: str) -> str:
     if culprit in SCALAR_OPS:
         return (
-            "Keep the value on the device (accumulate tensors, read once at the end) instead of "
-            "calling .item() in the loop."
+            "A Python number is read from a device tensor (`.item()`, `float(t)`, `int(t)`, "
+            "`.tolist()`): keep the value on the device (accumulate tensors, read once at the "
+            "end), or record it with a non_blocking copy to pinned memory and read it a step "
+            "later."
+        )
+    if culprit in BRANCH_OPS:
+        return (
+            "A Python `if`/`while`/`bool()`/`and`/`or` on a device tensor reads its value: "
+            "branch on the device instead (`torch.where`, a mask), or test a value computed on "
+            "the host; `torch.cuda.set_sync_debug_mode('warn')` points at the line."
         )
     if culprit in ("aten::to", "aten::copy_", "aten::_to_copy"):
         return (

@@ -42,14 +42,18 @@ def memcpy(ctx: Context) -> Iterator[Finding]:
       from pinned memory with `non_blocking=True` it returns at once and the copy overlaps
       compute. (Waiting for *earlier* GPU work before a device→pageable copy is a host sync:
       TQ202 reports that part.)
-    - many small copies (`min_small_copies` or more below `small_bytes` each): `Σ copy time
-      − (one copy's median time + Σ bytes / pinned bandwidth)`: small copies cost their
-      fixed latency, so one batched copy pays it once. The pinned bandwidth is the median
-      achieved by this trace's pinned copies of 1 MiB or more in that direction; without
-      any, `pinned_gbs` if set, else the PCIe generation of the GPU (12 / 24 / 48 GB/s for
-      compute capability < 8, 8.x, ≥ 9).
+    - many small copies (`min_small_copies` or more below `small_bytes` each, counted
+      without the group's larger copies): `Σ small copy time − (one small copy's median
+      time + Σ their bytes / pinned bandwidth)`, at most their own time: small copies cost
+      their fixed latency, so one batched copy pays it once. A group's larger copies are
+      neither counted nor saved (a 6 MB copy is bandwidth-bound). The pinned bandwidth is
+      the median achieved by this trace's pinned copies of 1 MiB or more in that
+      direction; without any, `pinned_gbs` if set, else the PCIe generation of the GPU
+      (12 / 24 / 48 GB/s for compute capability < 8, 8.x, ≥ 9).
 
-    CPU-only traces have no host↔device copies: the rule is silent there.
+    CPU-only traces have no host↔device copies: the rule is silent there. Not seen:
+    device↔device and peer copies, copies a CUDA graph replays (no runtime call), and
+    small copies spread over several ops or steps (each group is one op in one step).
 
     ## Why is this bad?
     A pageable copy is synchronous for the host and runs at a fraction of the bus bandwidth,
@@ -97,6 +101,7 @@ def memcpy(ctx: Context) -> Iterator[Finding]:
     copies = outermost_operator(copies, ctx.trace.ops)
     bandwidth = _pinned_bandwidth(ctx, copies)
     keys = ["step", "direction", "host_memory", "top_name", "top_module"]
+    small = pl.col("bytes") < opts["small_bytes"]
     groups = copies.group_by(keys, maintain_order=True).agg(
         pl.len().alias("n"),
         pl.col("bytes").sum().alias("bytes"),
@@ -109,10 +114,17 @@ def memcpy(ctx: Context) -> Iterator[Finding]:
         pl.col("event"),
         pl.col("top_event").drop_nulls().unique(maintain_order=True),
         pl.col("name").first().alias("copy_name"),
+        # The small copies alone: a group's large copies are not what batching saves.
+        small.sum().alias("small_n"),
+        pl.col("bytes").filter(small).sum().alias("small_bytes"),
+        pl.col("bytes").filter(small).median().alias("small_median_bytes"),
+        pl.col("dur_ns").filter(small).sum().alias("small_gpu_ns"),
+        pl.col("dur_ns").filter(small).median().alias("small_median_ns"),
+        pl.col("event").filter(small).alias("small_events"),
     )
     for row in groups.iter_rows(named=True):
         finding = _pageable(ctx, row) if row["host_memory"] == "Pageable" else None
-        if finding is None and row["n"] >= opts["min_small_copies"]:
+        if finding is None and row["small_n"] >= opts["min_small_copies"]:
             finding = _small(ctx, row, bandwidth[row["direction"]])
         if finding is not None and finding.est_saving_us >= opts["min_saving_us"]:
             yield finding
@@ -146,35 +158,47 @@ def _pageable(ctx: Context, row: dict) -> Finding:
 
 
 def _small(ctx: Context, row: dict, bandwidth: tuple[float, str]) -> Finding | None:
-    if row["median_bytes"] is None or row["median_bytes"] >= ctx.options["small_bytes"]:
-        return None
+    """The group's copies under `small_bytes` only: a 6 MB copy among them is not a small
+    copy, and batching saves only the small ones' fixed costs (at most their own time)."""
     gbs, source = bandwidth
-    batched_us = row["median_ns"] / US + row["bytes"] / (gbs * 1e3)
-    total_us = row["gpu_ns"] / US
-    saving = max(0.0, total_us - batched_us)
+    n, nbytes = row["small_n"], row["small_bytes"]
+    batched_us = row["small_median_ns"] / US + nbytes / (gbs * 1e3)
+    total_us = row["small_gpu_ns"] / US
+    saving = min(total_us, max(0.0, total_us - batched_us))
     direction = "host→device" if row["direction"] == "HtoD" else "device→host"
+    larger = row["n"] - n
+    besides = f" (besides {larger} larger ones)" if larger else ""
     return ctx.finding(
         severity="info",
         message=(
-            f"{row['n']} small {direction} copies (median {_size(row['median_bytes'])}) from "
+            f"{n} small {direction} copies (median {_size(row['small_median_bytes'])}, each "
+            f"under {_size(ctx.options['small_bytes'])}){besides} from "
             f"{row['top_name'] or 'copies'} take {total_us:,.1f} µs; one batched copy would "
             f"take ~{batched_us:,.1f} µs"
         ),
         step=row["step"],
         module=row["top_module"],
         ops=row["top_event"],
-        kernels=row["event"],
+        kernels=row["small_events"],
         time_us=total_us,
         est_saving_us=saving,
         saving_model=(
-            f"{total_us:,.1f} µs − (median copy {row['median_ns'] / US:,.1f} µs + "
-            f"{_size(row['bytes'])} at {gbs:.1f} GB/s, {source})"
+            f"{total_us:,.1f} µs of {n} copies under {_size(ctx.options['small_bytes'])} − "
+            f"(median copy {row['small_median_ns'] / US:,.1f} µs + {_size(nbytes)} at "
+            f"{gbs:.1f} GB/s, {source})"
         ),
         fix=(
             "Gather the small tensors into one buffer and copy it once (or keep them on the "
             "device)."
         ),
-        evidence=_evidence(row, "small"),
+        evidence={
+            **_evidence(row, "small"),
+            "copies": n,
+            "bytes": nbytes,
+            "median_bytes": row["small_median_bytes"],
+            "gpu_us": total_us,
+            "larger_copies": larger,
+        },
     )
 
 

@@ -48,7 +48,9 @@ def compile_overhead(ctx: Context) -> Iterator[Finding]:
 
     - **compilation** (Dynamo tracing, AOTAutograd, Inductor code generation and the C++ /
       Triton compiler: the `dynamo`, `entire_frame_compile`, `inductor_compile`,
-      `compile_file`, ... ranges) longer than `min_compile_us`. A compile whose region then
+      `compile_file`, ... ranges, recorded as CPU ops or, by PyTorch 2.1-2.4, as
+      `user_annotation` ranges) longer than `min_compile_us`, inside a step or, in a trace
+      without `ProfilerStep`s, anywhere in it. A compile whose region then
       runs as `Torch-Compiled Region: F/C` with C > 0 (frame F compiled again) is a
       **recompilation**.
     - **per-call overhead** in steady state: `TorchDynamo Cache Lookup` (guard evaluation)
@@ -67,6 +69,11 @@ def compile_overhead(ctx: Context) -> Iterator[Finding]:
     call stretched by the OS or the profiler's start-up does not set the estimate. One
     region per iteration is not reported: its fixed cost is not avoidable by merging (only
     a C++ wrapper or an AOTInductor export trims it).
+
+    Not seen: compilation a trace records only as Python frames (PyTorch 2.0 and older,
+    which wrote no compile ranges), compiles on a thread or process of their own (the
+    compile workers' own time: only the main thread's `async_compile.wait` shows), and the
+    per-call cost of a single compiled region per iteration.
 
     ## Why is this bad?
     A cold compile takes seconds to minutes; inside a profiled step it dwarfs everything
@@ -97,14 +104,30 @@ def compile_overhead(ctx: Context) -> Iterator[Finding]:
     - [Compile-time caching in torch.compile](https://pytorch.org/tutorials/recipes/torch_compile_caching_tutorial.html)
     """
     ops = ctx.trace.ops
-    if ops.height == 0:
+    if ops.height == 0 and ctx.trace.annotations.height == 0:
         return
     yield from _compilations(ctx, ops)
     yield from _per_call(ctx, ops)
 
 
+def compile_ranges(ctx: Context) -> pl.DataFrame:
+    """Dynamo/Inductor's compile ranges: CPU ops (`dynamo_timed` in recent PyTorch) and CPU
+    annotations (`record_function` ranges, how PyTorch 2.1-2.4's `dynamo_timed` wrote them:
+    category `user_annotation`), in the columns the rule reads."""
+    columns = ["event", "name", "pid", "tid", "ts_ns", "end_ns", "dur_ns", "step", "module"]
+    ops = ctx.trace.ops.filter(pl.col("name").str.contains(COMPILE)).select(columns)
+    annotations = ctx.trace.annotations.filter(
+        (pl.col("kind") == "cpu") & pl.col("name").str.contains(COMPILE)
+    )
+    annotations = annotations.with_columns(pl.lit(None, pl.String).alias("module"))
+    return pl.concat(
+        [ops.cast({"event": pl.Int64}), annotations.select(columns).cast({"event": pl.Int64})],
+        how="vertical_relaxed",
+    )
+
+
 def _compilations(ctx: Context, ops: pl.DataFrame) -> Iterator[Finding]:
-    compile_ops = ops.filter(pl.col("name").str.contains(COMPILE))
+    compile_ops = compile_ranges(ctx)
     if compile_ops.height == 0:
         return
     outermost = _outermost_compiles(compile_ops)
@@ -289,7 +312,7 @@ def _wrapper_ns(ctx: Context, ops: pl.DataFrame, regions: pl.DataFrame) -> pl.Da
                     ops.filter(pl.col("name").str.contains(REGION) | (pl.col("name") == LOOKUP)),
                 ),
                 # A recompile of the resume frame runs inside the region that broke.
-                ("nested", _outermost_compiles(ops.filter(pl.col("name").str.contains(COMPILE)))),
+                ("nested", _outermost_compiles(compile_ranges(ctx))),
                 ("marker", ops.filter(pl.col("name").is_in(WRAPPER_MARKERS))),
             )
         ]

@@ -9,7 +9,7 @@ import polars as pl
 from traceq.rules.base import Context, rule
 from traceq.rules.common import US, gpu_busy_in, in_ranges, optimizer_ranges
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import fusion_ops
+from traceq.rules.op_groups import fusion_ops
 
 #: Multi-tensor (`_foreach_add_`) and fused (`_fused_adam_`) updates: already batched.
 BATCHED = r"^aten::_(?:foreach|fused)_"

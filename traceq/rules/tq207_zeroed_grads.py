@@ -10,7 +10,7 @@ import polars as pl
 from traceq.rules.base import Context, rule
 from traceq.rules.common import US, gpu_busy_in, in_ranges, optimizer_ranges, step_text
 from traceq.rules.finding import Finding
-from traceq.rules.opclass import fusion_ops
+from traceq.rules.op_groups import fusion_ops
 
 #: Ops that zero a gradient in place (`zero_` runs `fill_`; `_foreach_zero_` a whole list).
 ZEROING = ("aten::zero_", "aten::fill_", "aten::_foreach_zero_")

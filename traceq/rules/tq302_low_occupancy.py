@@ -22,12 +22,18 @@ TUNED_LIBRARIES = (
     "flash-attn",
 )
 # Communication kernels use few blocks on purpose (they wait on the network or on peer
-# GPUs, not on SMs): NCCL/RCCL, NVLS multimem and the custom all-reduces of vLLM, SGLang
-# and TensorRT-LLM. The decoder marks NCCL's as `comm`; the others only their names show.
+# GPUs, not on SMs): NCCL/RCCL, NVLS multimem, the custom all-reduces of vLLM, SGLang
+# and TensorRT-LLM, and expert-parallel dispatch/combine (DeepEP's `internode::` and
+# `intranode::` kernels, NVSHMEM, pplx). The decoder marks NCCL's as `comm`; the others
+# only their names show.
 COMM_KERNEL = (
     r"(?i)(^|[\s:])(nccl|rccl)|ncclDevKernel|multimem_all_reduce|cross_device_reduce|"
-    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|one_?shot|two_?shot|lamport"
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|one_?shot|two_?shot|lamport|"
+    r"\b(internode|intranode|internode_ll)::|deep_?ep|nvshmem|pplx|mscclpp"
 )
+# A launch over this many times the median of its configuration is a stall (preemption, a
+# peer, the profiler), not the kernel's work: it counts as the median.
+STALL_FACTOR = 4.0
 # With no kernel shorter than this in the trace to measure it, the fixed cost of a launch
 # on the GPU timeline (block scheduling, ramp-up, drain) of recent NVIDIA/AMD parts.
 DEFAULT_FLOOR_US = 2.0
@@ -57,17 +63,25 @@ def low_occupancy(ctx: Context) -> Iterator[Finding]:
       block size. Not reported for vendor GEMM/convolution kernels (cuBLAS, CUTLASS,
       cuDNN, hipBLASLt) and flash attention, which run at low occupancy by design.
 
-    Never reported: launches averaging under `min_kernel_us` (latency-bound: launch and
-    ramp-up set their time, not the SMs they fill), 1-block kernels (a fill, the last pass
-    of a reduction, a scalar update: serial by construction), and communication kernels
-    (NCCL/RCCL `nccl*`, `ncclDevKernel_*`, `multimem_all_reduce`, custom all-reduces such as
-    `cross_device_reduce`), which use few blocks on purpose.
+    A configuration is judged by its typical launch, never by one: "latency-bound" is decided
+    on the median launch, and a launch over 4× the median (stalled by preemption, a peer or
+    the profiler: 2.4 ms among 9 µs ones) counts as the median in its share and saving, so
+    it neither reports a kernel nor sets its saving.
+
+    Never reported: configurations whose median launch is under `min_kernel_us`
+    (latency-bound: launch and ramp-up set their time, not the SMs they fill), 1-block
+    kernels (a fill, the last pass of a reduction, a scalar update: serial by
+    construction), and communication kernels (NCCL/RCCL `nccl*`, `ncclDevKernel_*`,
+    `multimem_all_reduce`, custom all-reduces such as `cross_device_reduce`, DeepEP's
+    `internode::` / `intranode::` dispatch and combine, NVSHMEM), which limit their SMs by
+    design: they wait on the network or on peer GPUs.
 
     Savings model (small grid): a grid of `B` blocks on `S` SMs runs one partial wave,
     `B / S` of a full one. Spread evenly over all SMs (split-K, a smaller tile, a batched
     launch) the same work takes `B / S` of the time the SMs now spend on it, and the
     launch's fixed cost stays:
-    `saving = Σ over launches (duration − floor) × (1 − B / S)`, where `floor` is the
+    `saving = Σ over launches (duration − floor) × (1 − B / S)` (stalls at the median),
+    where `floor` is the
     shortest kernel on the trace's GPU timeline (the fixed cost no launch avoids; 2 µs when
     the trace rounds every kernel to 0). That is the tail a full-occupancy launch would
     cut, an upper bound: a kernel bound by one SM's bandwidth share gains it all, one that
@@ -77,7 +91,10 @@ def low_occupancy(ctx: Context) -> Iterator[Finding]:
     when it is latency-bound, which the trace cannot tell; Nsight Compute's stall reasons
     can. The finding says where to look.
 
-    CPU-only traces have no kernels: no finding.
+    CPU-only traces have no kernels: no finding. Not seen: kernels without a `grid`
+    argument (old Kineto, some ROCm traces) are judged on occupancy alone; kernels a CUDA
+    graph replays are seen only where the trace records them; a communication kernel named
+    like none of the above is taken for compute.
 
     ## Why is this bad?
     A GPU hides memory latency by switching between resident warps. With few warps per SM,
@@ -119,18 +136,31 @@ def low_occupancy(ctx: Context) -> Iterator[Finding]:
         * grid.list.get(2, null_on_oob=True).fill_null(1)
     )
     valid_occ = pl.when(pl.col("occupancy_pct") > 0).then(pl.col("occupancy_pct"))
+    # A launch configuration is judged by its typical launch, never by one: a launch
+    # stalled by preemption, the profiler or a peer (over `STALL_FACTOR` × the median of
+    # its configuration) counts as the median; the median decides "latency-bound".
+    typical = pl.col("dur_ns").median()
+    config_median = pl.col("dur_ns").median().over("name", "blocks")
+    clipped = (
+        pl.when(pl.col("dur_ns") > STALL_FACTOR * config_median)
+        .then(config_median)
+        .otherwise(pl.col("dur_ns"))
+    )
     weighted = (valid_occ * pl.col("dur_ns")).sum() / pl.col("dur_ns").filter(
         pl.col("occupancy_pct") > 0
     ).sum()
     floor_ns = floor_us * US
     by_launch = (
         kernels.with_columns(blocks.alias("blocks"))
+        .with_columns(clipped.alias("typical_ns"))
         .group_by("name", "blocks")
         .agg(
             pl.col("dur_ns").sum().alias("ns"),
             pl.len().alias("n"),
+            typical.alias("median"),
             weighted.alias("occupancy"),
-            (pl.col("dur_ns") - floor_ns).clip(0).sum().alias("above_floor_ns"),
+            pl.col("typical_ns").sum(),
+            (pl.col("typical_ns") - floor_ns).clip(0).sum().alias("above_floor_ns"),
             pl.col("library").first(),
             pl.col("registers_per_thread").median().alias("registers"),
             pl.col("shared_memory").median().alias("shared_memory"),
@@ -141,11 +171,13 @@ def low_occupancy(ctx: Context) -> Iterator[Finding]:
             pl.col("module").drop_nulls().mode().sort().first(),  # ties: the same every run
         )
         .with_columns(
-            (pl.col("ns") / total_ns).alias("share"), (pl.col("ns") / pl.col("n")).alias("mean")
+            (pl.col("ns") / total_ns).alias("share"),
+            (pl.col("typical_ns") / total_ns).alias("typical_share"),
+            (pl.col("ns") / pl.col("n")).alias("mean"),
         )
         .filter(
-            (pl.col("share") >= ctx.options["min_share"])
-            & (pl.col("mean") >= ctx.options["min_kernel_us"] * US)
+            (pl.col("typical_share") >= ctx.options["min_share"])
+            & (pl.col("median") >= ctx.options["min_kernel_us"] * US)
             & (pl.col("blocks").is_null() | (pl.col("blocks") > 1))
         )
         .sort("ns", "name", descending=[True, False])
@@ -168,7 +200,8 @@ def _small_grid(ctx: Context, row: dict, sms: int | None, floor_us: float) -> Fi
         cause=f"{row['blocks']} blocks on {sms} SMs",
         saving=above_floor_us * idle,
         model=(
-            f"Σ (duration − {floor_us:.1f} µs floor) = {above_floor_us:,.1f} µs × "
+            f"Σ (duration − {floor_us:.1f} µs floor) = {above_floor_us:,.1f} µs (a launch over "
+            f"{STALL_FACTOR:g}× the median {row['median'] / US:,.1f} µs counted at the median) × "
             f"(1 − {row['blocks']} blocks / {sms} SMs): the partial wave's idle SMs, if the "
             "work spread over all of them"
         ),
@@ -214,7 +247,7 @@ def _finding(
     return ctx.finding(
         message=(
             f"{_short(row['name'])} takes {row['share']:.0%} of GPU kernel time "
-            f"({time_us:,.1f} µs over {row['n']} launches, mean {row['mean'] / US:,.1f} µs) "
+            f"({time_us:,.1f} µs over {row['n']} launches, median {row['median'] / US:,.1f} µs) "
             f"with {cause}"
         ),
         module=row["module"],
@@ -228,6 +261,7 @@ def _finding(
             "kernel": row["name"],
             "share": row["share"],
             "mean_us": row["mean"] / US,
+            "median_us": row["median"] / US,
             "occupancy_pct": row["occupancy"],
             "blocks": row["blocks"],
             "sms": sms,

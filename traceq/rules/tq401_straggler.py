@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.relations.collectives import step_waits
-from traceq.rules.base import rule
+from traceq.rules.base import JobContext, rule
 from traceq.rules.common import US
 from traceq.rules.finding import Finding
-from traceq.rules.jobs import JobContext
 
 DATA_LOADING = r"(?i)dataloader|_next_data|enumerate\("
 HOST_SYNC = (
@@ -48,6 +47,12 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
     Savings model: the mean wait the others spend per step on this rank, times the steps:
     what the job's step time loses to it (the step ends when the slowest rank ends).
 
+    A job whose traces have no `ProfilerStep` is one window per rank: the unit is then the
+    collective (the rank arrives last in at least `min_steps_share` of the matched
+    collectives), and the wait is the window's total. Not seen: waits in collectives only
+    one rank's trace holds (sampled ranks), a straggler whose lateness the clock alignment
+    absorbed (ranks without shared collectives to align on), and point-to-point waits.
+
     ## Why is this bad?
     Synchronous data parallelism runs at the speed of its slowest rank: every rank blocks in
     the gradient all-reduce until the last one arrives, so one slow host, data loader or GPU
@@ -72,6 +77,11 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
     calls = ctx.job.collectives.filter(pl.col("ranks_seen") > 1)
     if calls.height == 0:
         return
+    # Without `ProfilerStep`s a rank is one window: "step after step" becomes "collective
+    # after collective" (each matched collective is a unit), and the wait is the window's.
+    windowed = calls["step"].null_count() == calls.height
+    if windowed:
+        calls = calls.with_columns(pl.col("instance").alias("step"))
     waits = step_waits(calls)
     ranks = calls.group_by("step").agg(pl.col("rank").n_unique().alias("_ranks"))
     last_events = (
@@ -93,14 +103,14 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
     median_step_ns = step_time["dur_ns"].median() if step_time.height else None
     for (rank,), rows in worst.sort("step").group_by("last_rank", maintain_order=True):
         rows = rows.sort("step")
-        mean_ns = rows["caused_ns"].mean() or 0.0
+        mean_ns = (rows["caused_ns"].sum() if windowed else rows["caused_ns"].mean()) or 0.0
         enough_steps = rows.height >= opts["min_steps_share"] * steps and (
             rows.height >= 2 or steps < 2
         )
         share = mean_ns / median_step_ns if median_step_ns else 1.0
         if not enough_steps or mean_ns / US < opts["min_wait_us"] or share < opts["min_step_share"]:
             continue
-        where = _extra_time(ctx, int(rank), rows["step"].to_list())
+        where = _extra_time(ctx, int(rank), [None] if windowed else rows["step"].to_list())
         total_us = float(rows["caused_ns"].sum()) / US
         top = _most_specific(where)
         reason = (
@@ -109,16 +119,20 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
             if top
             else ""
         )
+        unit, per = ("collectives", "in the window") if windowed else ("steps", "per step")
         yield ctx.finding(
             message=(
-                f"rank {rank} is the last to arrive in {rows.height} of {steps} steps: the "
-                f"other ranks wait {mean_ns / US:,.0f} µs per step for it ({share:.0%} of the "
-                f"step){reason}"
+                f"rank {rank} is the last to arrive in {rows.height} of {steps} {unit}: the "
+                f"other ranks wait {mean_ns / US:,.0f} µs {per} for it ({share:.0%} of the "
+                f"{'window' if windowed else 'step'}){reason}"
             ),
             time_us=total_us,
             est_saving_us=total_us,
             saving_model=(
-                f"mean wait of the other ranks, {mean_ns / US:,.0f} µs per step × "
+                f"the other ranks' wait in the {rows.height} collectives it arrived last at, "
+                "in the trace's one window (no ProfilerStep)"
+                if windowed
+                else f"mean wait of the other ranks, {mean_ns / US:,.0f} µs per step × "
                 f"{rows.height} steps"
             ),
             fix=(
@@ -127,7 +141,7 @@ def straggler(ctx: JobContext) -> Iterator[Finding]:
             ),
             evidence={
                 "rank": int(rank),
-                "steps": rows["step"].to_list(),
+                "steps": [None] if windowed else rows["step"].to_list(),
                 "wait_us_per_step": [round(v / US, 1) for v in rows["caused_ns"].to_list()],
                 "process_group": rows["pg"].to_list()[0],
                 "seq": rows["seq"].to_list(),
@@ -144,7 +158,7 @@ def _extra_time(ctx: JobContext, rank: int, steps: list[int]) -> list[dict]:
     ranges = ctx.job.ranges
     found: list[dict] = []
     if ranges.height:
-        mine = ranges.filter(pl.col("step").is_in(steps))
+        mine = ranges.filter(_in(steps))
         per_rank = mine.group_by("rank", "name").agg(
             (pl.col("dur_ns").sum() / len(steps)).alias("ns")
         )
@@ -173,11 +187,7 @@ def _extra_time(ctx: JobContext, rank: int, steps: list[int]) -> list[dict]:
                 )
     breakdown = ctx.job.breakdown
     if breakdown.height and (breakdown["on"] == "gpu").any():
-        gpu = (
-            breakdown.filter(pl.col("step").is_in(steps))
-            .group_by("rank")
-            .agg(pl.col("compute_ns").mean())
-        )
+        gpu = breakdown.filter(_in(steps)).group_by("rank").agg(pl.col("compute_ns").mean())
         mine_gpu = gpu.filter(pl.col("rank") == rank)["compute_ns"]
         others_gpu = gpu.filter(pl.col("rank") != rank)["compute_ns"].median()
         if mine_gpu.len() and others_gpu is not None and mine_gpu[0] > others_gpu:
@@ -191,6 +201,11 @@ def _extra_time(ctx: JobContext, rank: int, steps: list[int]) -> list[dict]:
                 }
             )
     return sorted(found, key=lambda f: -f["extra_us"])
+
+
+def _in(steps: list[int | None]) -> pl.Expr:
+    """The rows of `steps`; `[None]`: the one window of a trace without steps."""
+    return pl.col("step").is_null() if steps == [None] else pl.col("step").is_in(steps)
 
 
 def _most_specific(where: list[dict]) -> dict | None:

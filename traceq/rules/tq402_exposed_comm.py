@@ -7,10 +7,9 @@ from collections.abc import Iterator
 import polars as pl
 
 from traceq.relations.collectives import step_waits
-from traceq.rules.base import rule
+from traceq.rules.base import JobContext, rule
 from traceq.rules.common import US
 from traceq.rules.finding import Finding
-from traceq.rules.jobs import JobContext
 
 
 @rule(
@@ -26,14 +25,24 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
     beside them (|COMM ∪ COMP| − |COMP| per step, on the GPU; on the host for gloo ranks),
     when it reaches `min_share` of the rank's step.
 
-    Savings model: the overlap achievable per step (`hideable_comm_ns` of the breakdown):
-    each stretch of exposed communication can be hidden only by compute that ran earlier in
-    the same phase of the step (forward, or backward from the first autograd node) with no
-    communication beside it, each nanosecond of compute hiding one of communication —
-    compute after a collective is taken to depend on it (the optimizer step consumes the
-    reduced gradients), and forward compute cannot hide gradient collectives. At most the
-    exposed time minus the time the rank only waited for a later rank (TQ401's part:
-    overlap cannot remove it); summed over the steps.
+    Savings model: the overlap achievable per step (`hideable_comm_ns` of the breakdown,
+    `traceq.relations.overlap`): each stretch of exposed communication can be hidden only
+    by compute *independent* of the collective, with no communication beside it, each
+    nanosecond of compute hiding one of communication. In backward (from the first to the
+    last autograd node) that is backward compute *after* the stretch: the compute before a
+    gradient collective produced the gradients it reduces, and the optimizer after
+    backward consumes them. In forward it is earlier forward compute for parameter
+    collectives (FSDP all-gather: prefetch), and nothing for activation collectives
+    (tensor-parallel all-reduce, reduce-scatter, all-to-all: the op before produces their
+    input, the op after consumes their output; on the critical path by construction). At
+    most the exposed time minus the time the rank only waited for a later rank: that part
+    is straggler wait (TQ401's), named in the message with the rank waited for; overlap
+    cannot remove it. Summed over the steps.
+
+    Not seen: data flow itself (phases stand in for it: a backward collective whose input
+    was ready early, or forward compute independent of a TP all-reduce in another branch,
+    is not credited), collectives on streams the trace does not tie to a step, and
+    overlap that needs a different schedule than the one recorded.
 
     ## Why is this bad?
     Exposed communication adds straight to the step time. DDP and FSDP overlap gradient
@@ -61,10 +70,22 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
     if breakdown.height == 0:
         return
     calls = ctx.job.collectives
-    waits = (
-        step_waits(calls).group_by("rank", "step").agg(pl.col("wait_ns").sum())
+    by_culprit = (
+        step_waits(calls)
         if calls.height
-        else pl.DataFrame(schema={"rank": pl.Int64, "step": pl.Int64, "wait_ns": pl.Int64})
+        else pl.DataFrame(
+            schema={"rank": pl.Int64, "step": pl.Int64, "last_rank": pl.Int64, "wait_ns": pl.Int64}
+        )
+    )
+    waits = by_culprit.group_by("rank", "step").agg(pl.col("wait_ns").sum())
+    # Whom each rank waited for most: the straggler wait is TQ401's, not overlap's to remove.
+    culprits = (
+        by_culprit.group_by("rank", "last_rank")
+        .agg(pl.col("wait_ns").sum())
+        .sort("wait_ns", "last_rank", descending=[True, False])
+        .group_by("rank", maintain_order=True)
+        .first()
+        .select("rank", pl.col("last_rank").alias("waited_for"))
     )
     steps = (
         breakdown.join(waits, on=["rank", "step"], how="left", nulls_equal=True)
@@ -88,6 +109,7 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
         pl.col("step"),
         pl.col("on").first(),
     )
+    per_rank = per_rank.join(culprits, on="rank", how="left")
     for row in per_rank.sort("rank").iter_rows(named=True):
         share = row["exposed_comm_ns"] / row["span_ns"] if row["span_ns"] else 0.0
         saving = row["achievable_ns"] / US
@@ -97,17 +119,27 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
         events = (
             calls.filter(pl.col("rank") == row["rank"])["event"].to_list() if calls.height else []
         )
+        wait_us = min(row["wait_ns"], row["exposed_comm_ns"]) / US
+        straggler = (
+            f"; {wait_us / n:,.0f} µs of it is waiting for rank {row['waited_for']} to arrive "
+            "(straggler wait, TQ401's: overlap cannot remove it)"
+            if wait_us >= 0.05 * row["exposed_comm_ns"] / US and row["waited_for"] is not None
+            else ""
+        )
         yield ctx.finding(
             message=(
                 f"rank {row['rank']}: {row['exposed_comm_ns'] / US / n:,.0f} µs of communication "
-                f"per step runs with no compute beside it ({share:.0%} of the step); "
-                f"{saving / n:,.0f} µs of it could overlap"
+                f"per step runs with no compute beside it ({share:.0%} of the step){straggler}; "
+                f"{saving / n:,.0f} µs could overlap compute independent of it"
             ),
             time_us=row["exposed_comm_ns"] / US,
             est_saving_us=saving,
             saving_model=(
-                "Σ over steps of min(exposed comm − wait for later ranks, exposed comm that idle "
-                "compute earlier in the same phase (forward / backward) could hide) on the "
+                "Σ over steps of min(exposed comm − wait for later ranks, exposed comm that "
+                "independent compute could hide: in backward, backward compute after the "
+                "collective (not the gradients' producers before it, not the optimizer after "
+                "backward); in forward, earlier forward compute for parameter collectives, "
+                f"none for activation all-reduce / reduce-scatter / all-to-all) on the "
                 f"{row['on'].upper()}"
             ),
             fix=(
@@ -120,6 +152,8 @@ def exposed_comm(ctx: JobContext) -> Iterator[Finding]:
                 "exposed_us": row["exposed_comm_ns"] / US,
                 "comm_us": row["comm_ns"] / US,
                 "wait_us": row["wait_ns"] / US,
+                "straggler_wait_us": wait_us,
+                "waited_for": row["waited_for"],
                 "hideable_us": row["hideable_comm_ns"] / US,
                 "events": {row["rank"]: events[:50]},
             },

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 
 import polars as pl
 
-from traceq.rules.base import rule
+from traceq.rules.base import JobContext, rule
 from traceq.rules.common import US
 from traceq.rules.finding import Finding
-from traceq.rules.jobs import JobContext
 
 
 @rule(

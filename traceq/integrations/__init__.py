@@ -1,0 +1,1 @@
+"""Recording traces from other libraries' training loops (`transformers`' `Trainer`)."""

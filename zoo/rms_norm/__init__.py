@@ -1,0 +1,1 @@
+"""``x * rsqrt(mean(x²) + eps) * w``: RMSNorm (finding TQ107)."""

@@ -9,16 +9,24 @@ Take a snapshot on the code before, another on the code after, and compare them:
     python benchmarks/findings_snapshot.py compare /tmp/before /tmp/after
 
 Per-rule timings are left out (they are wall-clock); everything else must be equal.
+`compare` also writes `results/findings_compare.json`: the two commits (`BEFORE_REV`,
+`AFTER_REV` in the environment, as the snapshots were taken), how many traces, which differ
+(and why, `NOTE`), and a SHA-256 of each trace's findings, so that a later snapshot can
+be checked against it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "traces"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def traces() -> list[Path]:
@@ -55,7 +63,7 @@ def snapshot(path: Path) -> dict:
     report.pop("timings", None)
     for key in ("rule_timings", "timing"):
         report.pop(key, None)
-    return {"exit": result.exit_code, "report": _without_timings(report)}
+    return {"exit": result.exit_code, "report": _portable(_without_timings(report))}
 
 
 def _without_timings(value: object) -> object:
@@ -63,6 +71,18 @@ def _without_timings(value: object) -> object:
         return {k: _without_timings(v) for k, v in value.items() if "timing" not in k}
     if isinstance(value, list):
         return [_without_timings(v) for v in value]
+    return value
+
+
+def _portable(value: object) -> object:
+    """Paths of traces relative to their checkout (`fixtures/...`, `traces/...`): two
+    snapshots taken in two worktrees compare equal."""
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_portable(v) for v in value]
+    if isinstance(value, str):
+        return re.sub(r"/[^\s'\"]*?/(?=(fixtures|traces)/)", "", value)
     return value
 
 
@@ -82,17 +102,35 @@ def write(out: Path) -> None:
 
 def compare(before: Path, after: Path) -> int:
     names = sorted({p.name for p in before.glob("*.json")} | {p.name for p in after.glob("*.json")})
-    differ = 0
+    differ = []
+    digests = {}
     for name in names:
         a, b = before / name, after / name
         if not (a.exists() and b.exists()):
             print(f"only in one snapshot: {name}")
-            differ += 1
-        elif json.loads(a.read_text()) != json.loads(b.read_text()):
+            differ.append(name)
+            continue
+        found = _portable(json.loads(b.read_text()))
+        digests[name.removesuffix(".json")] = _digest(found)
+        if _portable(json.loads(a.read_text())) != found:
             print(f"differs: {name}")
-            differ += 1
-    print(f"{len(names)} traces, {differ} differ")
+            differ.append(name)
+    print(f"{len(names)} traces, {len(differ)} differ")
+    RESULTS.mkdir(exist_ok=True)
+    record = {
+        "before": os.environ.get("BEFORE_REV", str(before)),
+        "after": os.environ.get("AFTER_REV", str(after)),
+        "traces": len(names),
+        "differ": differ,
+        "note": os.environ.get("NOTE", ""),
+        "sha256": digests,
+    }
+    (RESULTS / "findings_compare.json").write_text(json.dumps(record, indent=1) + "\n")
     return 1 if differ else 0
+
+
+def _digest(found: object) -> str:
+    return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
 
 
 if __name__ == "__main__":

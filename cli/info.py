@@ -15,6 +15,7 @@ from traceq.cli.common import (
     traces_argument,
 )
 
+from traceq.reports import replays
 from traceq.reports.safe_text import LINE_CHARS, clip, terminal
 from traceq.reports.summary import summary
 from traceq.rules.recorded import notices
@@ -66,48 +67,9 @@ def info(trace: tuple[str, ...], fmt: str, engine: JobEngine) -> None:
     rows.append(("by category", top))
     unlinked = ", ".join(f"{k} {v:,}" for k, v in data["unlinked"].items()) or "none"
     rows.append(("not linked", unlinked))
-    rows.extend(graph_rows(data))
+    rows.extend(replays.lines(data))  # graph replays, kernels without a launch
     for i, notice in enumerate(data["notices"]):  # what the trace lacks, what that costs
         rows.append(("not recorded" if i == 0 else "", notice["message"]))
     for key, value in rows:  # names from the trace: as they are, never as markup
         table.add_row(terminal(key), terminal(value, LINE_CHARS))
     console.print(table)
-
-
-def graph_rows(data: dict) -> list[tuple[str, str]]:
-    """`info`'s lines on CUDA/HIP graph replays and on kernels without a launch."""
-    rows = []
-    graphs = data.get("graphs") or {}
-    if graphs:
-        rows.append(
-            (
-                "graph replays",
-                f"{graphs['graph_launches']:,} launches, {graphs['replayed_kernels']:,} kernels, "
-                f"{graphs['replayed_us']:,.1f} µs ({graphs['replayed_share']:.1%} of GPU time); "
-                f"ops attributed to {graphs['attributed_share']:.1%} of it",
-            )
-        )
-        methods = ", ".join(
-            f"{clip(method)} {m['share']:.1%} ({m['kernels']:,} kernels)"
-            + (" replayed, ops unknown" if method == "launch" else "")
-            for method, m in graphs["by_method"].items()
-        )
-        rows.append(("  by method", methods))
-        captures = ", ".join(
-            f"{clip(c['source'])} (batch {c['batch_size'] or '?'}, {c['mode'] or '?'})"
-            for c in graphs["captures"]
-        )
-        rows.append(("  captures", captures or "none (pass --capture PATH)"))
-    orphans = data.get("without_launch") or {}
-    if orphans:
-        reasons = "; ".join(
-            f"{clip(reason)}: {r['kernels']:,} ({r['us']:,.1f} µs)"
-            for reason, r in orphans["reasons"].items()
-        )
-        rows.append(
-            (
-                "without launch",
-                f"{orphans['kernels']:,} kernels, {orphans['us']:,.1f} µs GPU time - {reasons}",
-            )
-        )
-    return rows

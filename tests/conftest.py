@@ -382,6 +382,41 @@ def cache_entries(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
 
 
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    """A small training trace copied into this test's folder: its cache entry is its own."""
+    path = tmp_path / "trace.json.gz"
+    shutil.copyfile(FIXTURES / "mlp_gelu-train.pt.trace.json.gz", path)
+    return path
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Appends one item per JSON parse the loader does: a cache hit parses nothing."""
+    from traceq.loader import load as load_module
+
+    calls: list[int] = []
+    real = load_module.decode_stream
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(load_module, "decode_stream", counting)
+    return calls
+
+
+def assert_same_trace(a: traceq.Trace, b: traceq.Trace) -> None:
+    """The same metadata, events and frames, to the bit: what a cache hit must give."""
+    from polars.testing import assert_frame_equal
+
+    assert a.metadata == b.metadata
+    assert_frame_equal(a.events, b.events)
+    assert a.frames.keys() == b.frames.keys()
+    for name in a.frames:
+        assert_frame_equal(a.frames[name], b.frames[name], check_exact=True)
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT

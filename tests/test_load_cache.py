@@ -19,44 +19,15 @@ import msgspec
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from conftest import assert_same_trace
 from conftest import cache_entries as entries
 from polars.testing import assert_frame_equal
 from traceq.cli.main import main
 
 import traceq
 from traceq.loader import cache as C
-from traceq.loader import load as load_module
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "mlp_gelu-train.pt.trace.json.gz"
-
-
-@pytest.fixture
-def trace_file(tmp_path: Path) -> Path:
-    path = tmp_path / "trace.json.gz"
-    shutil.copyfile(FIXTURE, path)
-    return path
-
-
-@pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Appends one item per JSON parse the loader does."""
-    calls: list[int] = []
-    real = load_module.decode_stream
-
-    def counting(*args):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(load_module, "decode_stream", counting)
-    return calls
-
-
-def assert_same_trace(a: traceq.Trace, b: traceq.Trace) -> None:
-    assert a.metadata == b.metadata
-    assert_frame_equal(a.events, b.events)
-    assert a.frames.keys() == b.frames.keys()
-    for name in a.frames:
-        assert_frame_equal(a.frames[name], b.frames[name], check_exact=True)
 
 
 def test_second_load_is_a_hit_with_the_frames_of_a_cold_load(

@@ -46,6 +46,14 @@ import polars as pl
 from traceq.perf import flop_table
 from traceq.perf.traffic import ITEMSIZE
 from traceq.relations.opnames import base_name
+from traceq.relations.vocabulary import (
+    ALIASES,
+    BINARY_COMPARISONS,
+    COMPARISONS,
+    NOT_TENSOR,
+    STRIDED_VIEWS,
+    VIEWS,
+)
 
 FAMILIES = (
     "gemm",
@@ -94,7 +102,6 @@ SCALAR_TYPE = {
     "26": "c10::Float8_e4m3fnuz",
 }
 
-NOT_TENSOR = {"Scalar", "ScalarList", "TensorList", "GenericList", "", "None", "String", "Device"}
 FLOAT_RANK = {"c10::BFloat16": 1, "c10::Half": 1, "float": 2, "double": 3}
 INT_RANK = {"bool": 0, "unsigned char": 1, "signed char": 1, "short int": 2, "int": 3}
 INT_RANK["long int"] = 4
@@ -130,53 +137,30 @@ CONV_OPS = {
     "conv_transpose3d",
     "_slow_conv2d_forward",
 }
-VIEW_OPS = {
-    "view",
-    "reshape",
-    "_unsafe_view",
-    "_reshape_alias",
-    "expand",
-    "expand_as",
-    "as_strided",
-    "t",
-    "transpose",
-    "permute",
-    "unsqueeze",
-    "squeeze",
-    "flatten",
-    "unflatten",
-    "slice",
-    "select",
-    "narrow",
-    "view_as",
-    "reshape_as",
-    "split",
-    "unsafe_split",
-    "split_with_sizes",
-    "chunk",
-    "unsafe_chunk",
-    "unbind",
-    "detach",
-    "alias",
-    "lift_fresh",
-    "numpy_T",
-    "_local_scalar_dense",
-    "item",
-    "empty",
-    "empty_strided",
-    "empty_like",
-    "new_empty",
-    "new_empty_strided",
-    "resize",
-    "set",
-    "is_nonzero",
-    "result_type",
-    "broadcast_tensors",
-    "contiguous_noop",
-    "resolve_conj",
-    "resolve_neg",
-    "_conj",
-}
+VIEW_OPS = (
+    VIEWS
+    | STRIDED_VIEWS
+    | ALIASES
+    | {
+        "lift_fresh",
+        "_local_scalar_dense",
+        "item",
+        "empty",
+        "empty_strided",
+        "empty_like",
+        "new_empty",
+        "new_empty_strided",
+        "resize",
+        "set",
+        "is_nonzero",
+        "result_type",
+        "broadcast_tensors",
+        "contiguous_noop",
+        "resolve_conj",
+        "resolve_neg",
+        "_conj",
+    }
+)
 COPY_OPS = {
     "copy",
     "to",
@@ -212,20 +196,7 @@ SCATTER_OPS = {
     "embedding_dense_backward",
     "_index_put_impl",
 }
-COMPARE_OPS = {
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "isnan",
-    "isinf",
-    "logical_and",
-    "logical_or",
-    "logical_xor",
-    "logical_not",
-}
+COMPARE_OPS = COMPARISONS
 LSE_ATTENTION = {
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
@@ -908,15 +879,7 @@ FUNCTIONAL_ARGS = {
             "minimum",
             "fmax",
             "fmin",
-            "eq",
-            "ne",
-            "lt",
-            "le",
-            "gt",
-            "ge",
-            "logical_and",
-            "logical_or",
-            "logical_xor",
+            *sorted(BINARY_COMPARISONS),
             "bitwise_and",
             "bitwise_or",
             "bitwise_xor",

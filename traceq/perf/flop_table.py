@@ -11,6 +11,8 @@ are single hardware instructions and count 1.
 
 from __future__ import annotations
 
+from traceq.relations.vocabulary import COMPARISONS, REDUCTIONS
+
 TRANSCENDENTAL = 4
 """FLOPs charged per exp/log/erf/tanh/sin/cos: CUDA's `__expf` is 2 instructions and
 libdevice's accurate `expf`/`tanhf`/`erff` 8-20; 4 is near the low end, so a kernel's FLOP
@@ -38,12 +40,7 @@ ELEMENTWISE_FLOPS: dict[str, float] = {
             "fmin",
             "max",
             "min",
-            "eq",
-            "ne",
-            "lt",
-            "le",
-            "gt",
-            "ge",
+            *sorted(COMPARISONS),
             "where",
             "clamp",
             "clamp_min",
@@ -61,10 +58,6 @@ ELEMENTWISE_FLOPS: dict[str, float] = {
             "sqrt",
             "rsqrt",
             "square",
-            "logical_and",
-            "logical_or",
-            "logical_xor",
-            "logical_not",
             "bitwise_and",
             "bitwise_or",
             "bitwise_xor",
@@ -75,8 +68,6 @@ ELEMENTWISE_FLOPS: dict[str, float] = {
             "hardtanh",
             "relu6",
             "leaky_relu",
-            "isnan",
-            "isinf",
             "tril",
             "triu",
             "nan_to_num",
@@ -171,25 +162,9 @@ NORM_AFFINE = 2
 
 #: Reductions, per element of the input.
 REDUCTION_FLOPS: dict[str, float] = {
-    **dict.fromkeys(
-        (
-            "sum",
-            "mean",
-            "amax",
-            "amin",
-            "max",
-            "min",
-            "prod",
-            "argmax",
-            "argmin",
-            "all",
-            "any",
-            "count_nonzero",
-            "cumsum",
-            "cumprod",
-        ),
-        1,
-    ),
+    **dict.fromkeys(sorted(REDUCTIONS), 1),
+    "cumsum": 1,
+    "cumprod": 1,
     "norm": 2,
     "linalg_vector_norm": 2,
     "var": 3,

@@ -145,6 +145,27 @@ def fused_saving(
     return model_saving(ctx, events, measured_us, removed, max(0, launches - 1), fused_bytes)
 
 
+def site_saving(
+    ctx: Context,
+    members: list[dict[str, Any]],
+    measured_us: float,
+    unfused_bytes: int,
+    fused_bytes: int,
+    cpu_launches: int,
+) -> tuple[float, str, int] | None:
+    """`fused_saving` of one site whose ops (`members`: rows with `event` and
+    `kernel_events`) one kernel replaces; the launches are the kernels they ran on a GPU,
+    `cpu_launches` on the CPU (where an op is a dispatch, not a kernel). Returns the saving,
+    its model's text and the launches; None when the saving is under the rule's
+    `min_saving_us`."""
+    launches = cpu_launches
+    if ctx.device.kind == "gpu":
+        launches = sum(len(r["kernel_events"]) for r in members)
+    events = [r["event"] for r in members]
+    saving, model = fused_saving(ctx, events, measured_us, unfused_bytes, fused_bytes, launches)
+    return None if saving < ctx.options["min_saving_us"] else (saving, model, launches)
+
+
 def model_saving(
     ctx: Context,
     events: Iterable[int],

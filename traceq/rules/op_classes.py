@@ -16,6 +16,7 @@ import polars as pl
 
 from traceq.perf.traffic import ITEMSIZE, itemsize, numel
 from traceq.relations.opnames import base_name
+from traceq.relations.vocabulary import ALIASES, VIEWS
 
 #: GEMM ops -> (index of the activation operand `x`, index of the weight, index of the bias
 #: or -1). `x` is what the GEMM reads from upstream; `w` gives K and N.
@@ -144,29 +145,7 @@ CASTS = frozenset({"to", "_to_copy", "type_as"})
 
 
 #: Ops that only re-describe a tensor (no data moved): data flow passes through them.
-VIEW_OPS = frozenset(
-    {
-        "view",
-        "reshape",
-        "_unsafe_view",
-        "_reshape_alias",
-        "flatten",
-        "unflatten",
-        "squeeze",
-        "unsqueeze",
-        "expand",
-        "chunk",
-        "split",
-        "split_with_sizes",
-        "unsafe_chunk",
-        "unsafe_split",
-        "slice",
-        "narrow",
-        "select",
-        "detach",
-        "alias",
-    }
-)
+VIEW_OPS = VIEWS | ALIASES
 
 
 #: Kernels and custom ops that already compute `act(gate) * up` in one pass.

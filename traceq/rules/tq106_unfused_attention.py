@@ -237,13 +237,13 @@ def attention_sites(
     )
 
 
-def _computes(ctx: Context, events: list[int]) -> set[int]:
-    """Of `events`, those that wrote a tensor of their own: every op not in `MAY_ALIAS`,
+def computes(ctx: Context, events: list[int], may_alias: tuple[str, ...] = MAY_ALIAS) -> set[int]:
+    """Of `events`, those that wrote a tensor of their own: every op not in `may_alias`,
     and those that ran a child op (`aten::to` -> `_to_copy`, `dropout` -> `native_dropout`);
     a cast to its own dtype or dropout in eval returns its input."""
     rows = ctx.trace.ops.select(pl.col("event").cast(pl.Int64), "name", "parent")
     wanted = rows.filter(pl.col("event").is_in(events))
-    alias = wanted.filter(ATEN_BASE.is_in(list(MAY_ALIAS)))["event"].to_list()
+    alias = wanted.filter(ATEN_BASE.is_in(list(may_alias)))["event"].to_list()
     parents = set(
         rows.filter(pl.col("parent").cast(pl.Int64).is_in(alias))["parent"].cast(pl.Int64)
     )
@@ -354,7 +354,7 @@ def check(ctx: Context) -> Iterator[Finding]:
     }
     for e, r in extra.items():
         rows[e] = {**rows[e], **r}
-    computing = _computes(ctx, events)
+    computing = computes(ctx, events)
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for site in sites.iter_rows(named=True):
         # an op that returned its input (a cast to its own dtype, dropout in eval) is no part

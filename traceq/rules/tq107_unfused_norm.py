@@ -35,9 +35,9 @@ from traceq.rules.finding import Finding
 from traceq.rules.idioms import (
     byte_rows,
     dtype_text,
-    fused_saving,
     op_bytes,
     output_itemsize,
+    site_saving,
     tensor_bytes,
     through_casts,
 )
@@ -574,13 +574,11 @@ def _finding(
     measured_us = sum(r["time_ns"] for r in members) / 1000
     unfused = sum(op_bytes(raw[r["event"]]) for r in members)
     fused, inputs = _fused_bytes(norm, raw)
-    launches = sum(max(1, len(r["kernel_events"])) for r in members)
-    if ctx.device.kind == "gpu":
-        launches = sum(len(r["kernel_events"]) for r in members)
-    replaced_events = [r["event"] for r in members]
-    saving, model = fused_saving(ctx, replaced_events, measured_us, unfused, fused, launches)
-    if saving < ctx.options["min_saving_us"]:
+    cpu_launches = sum(max(1, len(r["kernel_events"])) for r in members)
+    saved = site_saving(ctx, members, measured_us, unfused, fused, cpu_launches)
+    if saved is None:
         return
+    saving, model, launches = saved
     where = located(ctx, members)
     out_row = rows.get(norm["out"]) or members[-1]
     shape = out_row["output_shape"]

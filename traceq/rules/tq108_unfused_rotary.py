@@ -25,8 +25,8 @@ from traceq.rules.finding import Finding
 from traceq.rules.idioms import (
     byte_rows,
     dtype_text,
-    fused_saving,
     op_bytes,
+    site_saving,
     tensor_bytes,
     through_casts,
 )
@@ -257,13 +257,10 @@ def _finding(
             + tensor_bytes(sin_shape, sin_type)
         )
         shapes.append(x_shape)
-    launches = len(members)
-    if ctx.device.kind == "gpu":
-        launches = sum(len(r["kernel_events"]) for r in members)
-    replaced_events = [r["event"] for r in members]
-    saving, model = fused_saving(ctx, replaced_events, measured_us, unfused, fused, launches)
-    if saving < ctx.options["min_saving_us"]:
+    saved = site_saving(ctx, members, measured_us, unfused, fused, len(members))
+    if saved is None:
         return
+    saving, model, launches = saved
     where = located(ctx, members)
     names = " → ".join(
         r["name"].removeprefix("aten::")

@@ -23,7 +23,7 @@ from traceq.rules.finding import Finding
 from traceq.rules.idioms import model_saving
 from traceq.rules.op_classes import ATEN_BASE
 from traceq.rules.op_groups import fusion_edges, fusion_ops
-from traceq.rules.tq106_unfused_attention import walk_back
+from traceq.rules.tq106_unfused_attention import computes, walk_back
 
 LOSSES = (
     "cross_entropy_loss",
@@ -40,16 +40,6 @@ CASTS = ("to", "_to_copy", "type_as", "float", "contiguous", "clone")
 MAY_ALIAS = ("to", "type_as", "float", "contiguous")
 
 DEFAULTS = {"min_vocab": 8192, "min_confidence": 0.4, "min_saving_us": 0.0}
-
-
-def _computes(ctx: Context, events: list[int]) -> set[int]:
-    rows = ctx.trace.ops.select(pl.col("event").cast(pl.Int64), "name", "parent")
-    wanted = rows.filter(pl.col("event").is_in(events))
-    alias = wanted.filter(ATEN_BASE.is_in(list(MAY_ALIAS)))["event"].to_list()
-    parents = set(
-        rows.filter(pl.col("parent").cast(pl.Int64).is_in(alias))["parent"].cast(pl.Int64)
-    )
-    return {e for e in wanted["event"].to_list() if e not in alias or e in parents}
 
 
 def logits_sites(
@@ -165,7 +155,7 @@ def check(ctx: Context) -> Iterator[Finding]:
         .iter_rows(named=True)
     ):
         rows[r["event"]]["input_types"] = r["input_types"]
-    computing = _computes(ctx, events)
+    computing = computes(ctx, events, MAY_ALIAS)
     per_step: dict[Any, int] = {}
     for site in sites.iter_rows(named=True):
         step = rows[site["loss"]]["step"]

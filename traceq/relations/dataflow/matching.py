@@ -384,6 +384,18 @@ def last_before(
     )
 
 
+def edge_of(
+    producer: str, consumer: str, input_index: str | None = None, **more: str
+) -> list[pl.Expr]:
+    """An edge's columns read off a join's: `producer` and `consumer` from the named
+    columns, `input_index` where one is named, and bookkeeping columns as keywords
+    (`_to="_x"`: the producer a moved edge will start at, `with_moved`)."""
+    columns = [pl.col(producer).alias("producer"), pl.col(consumer).alias("consumer")]
+    if input_index is not None:
+        columns.append(pl.col(input_index).alias("input_index"))
+    return columns + [pl.col(source).alias(name) for name, source in more.items()]
+
+
 def with_moved(edges: pl.DataFrame, moved: pl.DataFrame, why: str) -> pl.DataFrame:
     """`edges` with the `moved` ones (same columns and `_to`) starting at `_to` instead."""
     if moved.height == 0:
@@ -469,16 +481,10 @@ def _scaled_term_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     moved = pl.concat(
         [
             swaps.select(
-                pl.col("_a").alias("producer"),
-                pl.col("_b").alias("consumer"),
-                pl.col("_b_index").alias("input_index"),
-                pl.col("_x").alias("_to"),
+                *edge_of("_a", "_b", "_b_index", _to="_x"),
             ),
             swaps.select(
-                pl.col("_x").alias("producer"),
-                pl.col("_h").alias("consumer"),
-                pl.col("_h_index").alias("input_index"),
-                pl.col("_a").alias("_to"),
+                *edge_of("_x", "_h", "_h_index", _to="_a"),
             ),
         ]
     )

@@ -15,7 +15,8 @@ import polars as pl
 
 from traceq.relations.dataflow import shapes
 from traceq.relations.dataflow.readers.indexing import index_results
-from traceq.relations.dataflow.shapes import FUSED_KERNEL, NOT_SEMANTIC_NS, NOT_TENSOR, SEMANTIC_OP
+from traceq.relations.dataflow.shapes import FUSED_KERNEL, NOT_SEMANTIC_NS, SEMANTIC_OP
+from traceq.relations.vocabulary import NOT_TENSOR
 
 if TYPE_CHECKING:
     from traceq.loader.loaded import LoadedTrace

@@ -24,6 +24,7 @@ from traceq.relations.opnames import (  # noqa: F401 (re-exported: the data-flow
     OVERLOAD,
     base_name,
 )
+from traceq.relations.vocabulary import LOSSES, NOT_TENSOR, REDUCTIONS, STRIDED_VIEWS, VIEWS
 
 Shape = list[int]
 
@@ -195,28 +196,8 @@ _NORM = {
     "_batch_norm_impl_index",
     "normalize",
 }
-_REDUCTION = {
-    "sum",
-    "mean",
-    "amax",
-    "amin",
-    "max",
-    "min",
-    "prod",
-    "norm",
-    "linalg_vector_norm",
-    "var",
-    "std",
-    "var_mean",
-    "std_mean",
-    "logsumexp",
-    "argmax",
-    "argmin",
-    "all",
-    "any",
-    "count_nonzero",
-}
-_LOSS = {"mse_loss", "nll_loss", "cross_entropy_loss", "l1_loss", "smooth_l1_loss"}
+_REDUCTION = REDUCTIONS
+_LOSS = LOSSES
 _SAME_SHAPE_COPY = {
     "to",
     "_to_copy",
@@ -235,39 +216,7 @@ _SAME_SHAPE_COPY = {
     "cuda",
     "cpu",
 }
-_VIEW = {
-    "view",
-    "reshape",
-    "_unsafe_view",
-    "_reshape_alias",
-    "expand",
-    "expand_as",
-    "as_strided",
-    "t",
-    "transpose",
-    "permute",
-    "unsqueeze",
-    "squeeze",
-    "flatten",
-    "unflatten",
-    "slice",
-    "select",
-    "narrow",
-    "view_as",
-    "reshape_as",
-    "numpy_T",
-    "split",
-    "unsafe_split",
-    "split_with_sizes",
-    "chunk",
-    "unsafe_chunk",
-    "unbind",
-    "cat",
-    "stack",
-    "index_select",
-    "gather",
-    "index",
-}
+_VIEW = VIEWS | STRIDED_VIEWS | {"cat", "stack", "index_select", "gather", "index"}
 _ATTENTION = {
     "scaled_dot_product_attention",
     "_scaled_dot_product_flash_attention",
@@ -346,7 +295,6 @@ MULTI_OUTPUT = {"chunk", "unsafe_chunk", "split", "unsafe_split", "split_with_si
 VALUES_AND_INDICES = {"topk", "sort"}
 """Ops returning two tensors of one shape, the values (the input's dtype) and their indices
 (`long`): a Mixture of Experts router's `topk`, its dispatch's `sort` of the expert ids."""
-NOT_TENSOR = {"Scalar", "ScalarList", "TensorList", "GenericList", "", "None", "String", "Device"}
 """`Input type` values that are not a tensor (a tensor's type is its dtype, e.g. `float`)."""
 
 

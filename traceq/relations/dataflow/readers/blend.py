@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from traceq.relations.dataflow import shapes
-from traceq.relations.dataflow.matching import with_moved
+from traceq.relations.dataflow.matching import edge_of, with_moved
 
 if TYPE_CHECKING:
     from traceq.relations.dataflow.edges import Flow
@@ -139,15 +139,10 @@ def blend_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     )
     moved_rsub = edges.join(
         masks.select(
-            pl.col("_p1").alias("producer"),
-            pl.col("_r").alias("consumer"),
-            pl.col("_r_index").alias("input_index"),
-            pl.col("_mask").alias("_to"),
+            *edge_of("_p1", "_r", "_r_index", _to="_mask"),
         ),
         on=["producer", "consumer", "input_index"],
     )
-    unknown = found.join(masks.select("_r"), on="_r", how="anti").select(
-        pl.col("_p1").alias("producer"), pl.col("_r").alias("consumer")
-    )
+    unknown = found.join(masks.select("_r"), on="_r", how="anti").select(*edge_of("_p1", "_r"))
     edges = edges.join(unknown, on=["producer", "consumer"], how="anti")
     return with_moved(edges, pl.concat([moved_sum, moved_rsub]), "+blend")

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from traceq.relations.dataflow import shapes
-from traceq.relations.dataflow.matching import THREAD, returns_bool
+from traceq.relations.dataflow.matching import THREAD, edge_of, returns_bool
 
 if TYPE_CHECKING:
     from traceq.relations.dataflow.edges import Flow
@@ -263,34 +263,22 @@ def weighted_sum_reads(edges: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame
     dropped = pl.concat(
         [
             found.select(
-                pl.col("_m1").alias("producer"),
-                pl.col("_m2").alias("consumer"),
-                pl.col("_m2_index").alias("input_index"),
+                *edge_of("_m1", "_m2", "_m2_index"),
             ),
             found.select(
-                pl.col("_beside").alias("producer"),
-                pl.col("_sum").alias("consumer"),
-                pl.col("_sum_index").alias("input_index"),
+                *edge_of("_beside", "_sum", "_sum_index"),
             ),
-            found.drop_nulls("_given").select(
-                pl.col("_given").alias("producer"), pl.col("_m1").alias("consumer")
-            ),
+            found.drop_nulls("_given").select(*edge_of("_given", "_m1")),
         ],
         how="diagonal_relaxed",
     )
     moved = pl.concat(
         [
             found.drop_nulls("_given").select(
-                pl.col("_given").alias("producer"),
-                pl.col("_m2").alias("consumer"),
-                pl.col("_m2_index").alias("input_index"),
-                pl.col("_m1").alias("_from"),
+                *edge_of("_given", "_m2", "_m2_index", _from="_m1"),
             ),
             found.select(
-                pl.col("_m1").alias("producer"),
-                pl.col("_sum").alias("consumer"),
-                pl.col("_sum_index").alias("input_index"),
-                pl.col("_beside").alias("_from"),
+                *edge_of("_m1", "_sum", "_sum_index", _from="_beside"),
             ),
         ]
     )

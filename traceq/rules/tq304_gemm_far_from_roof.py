@@ -177,10 +177,8 @@ def signatures(frame: pl.DataFrame, ctx: Context) -> pl.DataFrame:
             pl.col("flops").sum(),
             pl.col("bytes").sum(),
             pl.col("bound_datasheet").mode().first().alias("bound"),
-            pl.col("kernel").mode().first(),
+            *(_of_main_kernel(c) for c in ("kernel", "layout", "tile")),
             pl.col("grid").first(),
-            pl.col("layout").mode().first(),
-            pl.col("tile").mode().first(),
             pl.col("block").first(),
             pl.col("registers_per_thread").first(),
             pl.col("shared_memory").first(),
@@ -190,6 +188,14 @@ def signatures(frame: pl.DataFrame, ctx: Context) -> pl.DataFrame:
             (pl.col("flops") / (pl.col("time_us") * 1e6)).alias("tflops"),
         )
     )
+
+
+def _of_main_kernel(column: str) -> pl.Expr:
+    """`column` of the signature's main kernel: the one most calls ran, ties to the first
+    name in sorting order. Kernel, layout and tile come from that one kernel (a mode of
+    each apart broke ties in hash order: a kernel named `_nn_` shown with layout `nt`)."""
+    main = pl.col("kernel").drop_nulls().mode().sort().first()
+    return pl.col(column).filter(pl.col("kernel") == main).first().alias(column)
 
 
 def gemm_dims(name: str, dims: Any) -> tuple[int, int, int, int] | None:

@@ -109,9 +109,13 @@ def summed(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("why_not").drop_nulls().first(),
         *[pl.col(f"peak_tflops_{label}").first() for label in labels],
         *[pl.col(f"peak_gbs_{label}").first() for label in labels],
-        *[pl.col(f"bound_{label}").mode().first() for label in labels],
-        pl.col("bound").mode().first(),
-        *([pl.col("roof_dtype").mode().first()] if "roof_dtype" in frame.columns else []),
+        *[pl.col(f"bound_{label}").mode().sort(nulls_last=True).first() for label in labels],
+        pl.col("bound").mode().sort(nulls_last=True).first(),
+        *(
+            [pl.col("roof_dtype").mode().sort(nulls_last=True).first()]
+            if "roof_dtype" in frame.columns
+            else []
+        ),
         *[
             (pl.col(f"pct_roof_{label}") * pl.col("time_us")).sum().alias(f"_roof_{label}")
             for label in labels
@@ -244,9 +248,9 @@ def _by_kernel(trace: LoadedTrace, ops: pl.DataFrame) -> pl.DataFrame:
     return (
         spread.group_by("kernel")
         .agg(
-            pl.col("name").mode().first().alias("op"),
-            pl.col("family").mode().first(),
-            pl.col("roof_dtype").mode().first(),
+            pl.col("name").mode().sort(nulls_last=True).first().alias("op"),
+            pl.col("family").mode().sort(nulls_last=True).first(),
+            pl.col("roof_dtype").mode().sort(nulls_last=True).first(),
             pl.col("modelled").all(),
             (pl.col("flops") * pl.col("_share")).sum().alias("flops"),
             (pl.col("bytes") * pl.col("_share")).sum().alias("bytes"),

@@ -83,7 +83,7 @@ def implementations(trace: Trace, semantic: pl.DataFrame) -> pl.DataFrame:
     choices = calls.group_by(*signature, "call", "impl").agg(
         pl.len().cast(pl.Int64).alias("count"),
         pl.col("time_ns").sum().cast(pl.Int64),
-        pl.col("types").mode().first(),
+        pl.col("types").mode().sort(nulls_last=True).first(),
     )
     per_call = (
         choices.with_columns(pl.col("count").sum().over(*signature, "call").alias("calls"))

@@ -142,7 +142,7 @@ def _launches(
             on="event",
         )
         .group_by("graph_launch")
-        .agg(pl.col("capture_graph").mode().first())
+        .agg(pl.col("capture_graph").mode().sort(nulls_last=True).first())
     )
     sizes = template.group_by("capture_graph").agg(pl.len().alias("_n"))
     calls = trace.select("runtime", "event", "pid", "tid", "ts_ns", "dur_ns", "op_event", "step")

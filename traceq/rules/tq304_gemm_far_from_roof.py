@@ -176,7 +176,7 @@ def signatures(frame: pl.DataFrame, ctx: Context) -> pl.DataFrame:
             pl.col("_ideal_us").sum(),
             pl.col("flops").sum(),
             pl.col("bytes").sum(),
-            pl.col("bound_datasheet").mode().first().alias("bound"),
+            pl.col("bound_datasheet").mode().sort(nulls_last=True).first().alias("bound"),
             *(_of_main_kernel(c) for c in ("kernel", "layout", "tile")),
             pl.col("grid").first(),
             pl.col("block").first(),

@@ -102,7 +102,7 @@ def imbalanced_collective(ctx: JobContext) -> Iterator[Finding]:
         pl.col("excess_ns").sum(),
         pl.col("max_active").sum().alias("time_ns"),
         pl.col("by_size").sum(),
-        pl.col("slowest").mode().first().alias("slowest"),
+        pl.col("slowest").mode().sort(nulls_last=True).first().alias("slowest"),
         pl.col("slowest").alias("slowest_ranks"),
         pl.col("step"),
         pl.col("seq"),
@@ -164,7 +164,7 @@ def _persistent(per_instance: pl.DataFrame, opts: dict) -> pl.DataFrame:
     if gpu.height == 0:
         return pl.DataFrame(schema=schema)
     group = ["pg", "collective"]
-    mode = pl.col("slowest").mode().first().over(group)
+    mode = pl.col("slowest").mode().sort(nulls_last=True).first().over(group)
     gpu = gpu.with_columns(
         mode.alias("_rank"),
         ((pl.col("slowest") == mode).sum().over(group) / pl.len().over(group)).alias("calls_share"),

@@ -1,4 +1,5 @@
-"""What every Triton entry shares: the activation epilogue, and how a launch is shaped.
+"""What every Triton entry shares: tile offsets, loads and stores, the activation epilogue,
+and how a launch is shaped.
 
 Triton runs here either on a GPU or in its interpreter (``TRITON_INTERPRET=1``, read when
 ``@triton.jit`` runs, so it must be set before a kernel module is imported). The
@@ -204,6 +205,26 @@ def grouped_tile_offsets(
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
     return offs_m, offs_n, offs_k
+
+
+@triton.jit
+def row_tile_offsets(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row and column offsets of this program's tile of an [M, N] row-wise problem, and the
+    mask of its in-bounds elements.
+
+    Program id 0 steps through row tiles and id 1 through column tiles (a 1-D grid has one,
+    so its tiles are whole rows). The offsets are int64, as in ``grouped_tile_offsets``.
+    """
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    return offs_m, offs_n, (offs_m[:, None] < M) & (offs_n[None, :] < N)
+
+
+@triton.jit
+def load_tile(x_ptr, offs_m, offs_n, mask, stride_xm, stride_xn):
+    """The (offs_m, offs_n) tile of a strided 2-D tensor in fp32, zero where ``mask`` is off."""
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn
+    return tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit

@@ -17,9 +17,11 @@ os.environ.pop("TRITON_INTERPRET", None)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import triton
+from traceq.zoo.add_rms_norm.triton import add_rms_norm_kernel
 from traceq.zoo.dual_gemm_glu.triton import dual_gemm_glu_kernel
 from traceq.zoo.gemm_bias_act.triton import gemm_bias_act_kernel
 from traceq.zoo.glu.triton import glu_kernel
+from traceq.zoo.rms_norm.triton import rms_norm_kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -90,6 +92,27 @@ def main() -> int:
             | _i32("stride_om", "stride_on"),
             {"ACT": "gelu_tanh", "BLOCK_M": 8, "BLOCK_N": 1024},
             8,
+            3,
+        ),
+        compile_one(
+            "rms_norm bf16 one 4096-wide row",
+            rms_norm_kernel,
+            dict.fromkeys(("x_ptr", "w_ptr", "out_ptr"), "*bf16")
+            | _i32("M", "N", "stride_xm", "stride_xn", "stride_om", "stride_on")
+            | {"eps": "fp32"},
+            {"BLOCK_M": 1, "BLOCK_N": 4096},
+            4,
+            3,
+        ),
+        compile_one(
+            "add_rms_norm bf16 32 rows of 128",
+            add_rms_norm_kernel,
+            dict.fromkeys(("x_ptr", "r_ptr", "w_ptr", "out_ptr", "sum_ptr"), "*bf16")
+            | _i32("M", "N", "stride_xm", "stride_xn", "stride_rm", "stride_rn")
+            | _i32("stride_om", "stride_sm")
+            | {"eps": "fp32"},
+            {"BLOCK_M": 32, "BLOCK_N": 128},
+            4,
             3,
         ),
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.triton_support import (
     INTERPRETED,
     activate,
@@ -123,17 +124,12 @@ def dual_gemm_glu(
     return out
 
 
-@torch.library.custom_op("zoo::dual_gemm_glu_triton", mutates_args=())
+@zoo_op(fake=lambda x, w_gate, w_up, act: x.new_empty((*x.shape[:-1], w_gate.shape[0])))
 def dual_gemm_glu_triton(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str
 ) -> torch.Tensor:
     """The Triton dual-GEMM GLU as an op the profiler and torch.compile see by name."""
     return dual_gemm_glu(x, w_gate, w_up, act)
-
-
-@dual_gemm_glu_triton.register_fake
-def _(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, act: str) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], w_gate.shape[0]))
 
 
 ENTRY = triton_entry(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.triton_support import (
     INTERPRETED,
     activate,
@@ -132,17 +133,12 @@ def gemm_bias_act(
     return y
 
 
-@torch.library.custom_op("zoo::gemm_bias_act_triton", mutates_args=())
+@zoo_op(fake=lambda x, weight, bias, act: x.new_empty((*x.shape[:-1], weight.shape[0])))
 def gemm_bias_act_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
 ) -> torch.Tensor:
     """The Triton GEMM+bias+activation as an op the profiler and torch.compile see by name."""
     return gemm_bias_act(x, weight, bias, act)
-
-
-@gemm_bias_act_triton.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 ENTRY = triton_entry(

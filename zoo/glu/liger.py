@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.registry import Entry
 
 
@@ -20,7 +21,7 @@ def requires_liger(device: str) -> str | None:
     return None
 
 
-@torch.library.custom_op("zoo::glu_liger", mutates_args=())
+@zoo_op(fake=lambda gate, up, act: gate.new_empty(gate.shape))
 def glu_liger(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     """Liger's GLU forward; ``act`` is gelu_tanh (GEGLU) or silu (SwiGLU)."""
     if act == "gelu_tanh":
@@ -32,11 +33,6 @@ def glu_liger(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
 
         return LigerSiLUMulFunction.apply(gate, up)
     raise ValueError(f"Liger has no GLU kernel for {act}")
-
-
-@glu_liger.register_fake
-def _(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
 
 
 ENTRY = Entry(

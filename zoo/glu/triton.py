@@ -11,11 +11,15 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.triton_support import (
     INTERPRETED,
     activate,
     check_device,
+    load_tile,
+    row_tile_offsets,
     rows_2d,
+    store_tile,
     tile,
     triton_entry,
 )
@@ -41,22 +45,11 @@ def glu_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # int64 offsets: no overflow on large tensors, and no interpreter overflow checks.
-    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    offs_n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    gate = tl.load(
-        gate_ptr + offs_m[:, None] * stride_gm + offs_n[None, :] * stride_gn, mask=mask, other=0.0
-    ).to(tl.float32)
-    up = tl.load(
-        up_ptr + offs_m[:, None] * stride_um + offs_n[None, :] * stride_un, mask=mask, other=0.0
-    ).to(tl.float32)
+    offs_m, offs_n, mask = row_tile_offsets(M, N, BLOCK_M, BLOCK_N)
+    gate = load_tile(gate_ptr, offs_m, offs_n, mask, stride_gm, stride_gn)
+    up = load_tile(up_ptr, offs_m, offs_n, mask, stride_um, stride_un)
     out = activate(gate, ACT) * up
-    tl.store(
-        out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on,
-        out.to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    store_tile(out_ptr, out, offs_m, offs_n, M, N, stride_om, stride_on)
 
 
 def glu(
@@ -86,35 +79,15 @@ def glu(
         block_m = tile(m, cap=max(1, ELEMENTS_PER_PROGRAM // block_n), floor=1)
         num_warps = 8 if block_m * block_n >= ELEMENTS_PER_PROGRAM else 4
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    glu_kernel[grid](
-        gate2,
-        up2,
-        out2,
-        m,
-        n,
-        gate2.stride(0),
-        gate2.stride(1),
-        up2.stride(0),
-        up2.stride(1),
-        out2.stride(0),
-        out2.stride(1),
-        ACT=act,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    args = (gate2, up2, out2, m, n, *gate2.stride(), *up2.stride(), *out2.stride())
+    glu_kernel[grid](*args, ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     return out
 
 
-@torch.library.custom_op("zoo::glu_triton", mutates_args=())
+@zoo_op(fake=lambda gate, up, act: gate.new_empty(gate.shape))
 def glu_triton(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     """The Triton GLU as an op the profiler and torch.compile see by name."""
     return glu(gate, up, act)
-
-
-@glu_triton.register_fake
-def _(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
 
 
 ENTRY = triton_entry(

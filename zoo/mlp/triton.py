@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from traceq.zoo.dual_gemm_glu.triton import dual_gemm_glu
 from traceq.zoo.gemm_bias_act.triton import gemm_bias_act
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.triton_support import triton_entry
 
 
@@ -35,7 +36,11 @@ def mlp(
     return gemm_bias_act(hidden, w_down, b_down, "none", out=out)
 
 
-@torch.library.custom_op("zoo::mlp_triton", mutates_args=())
+@zoo_op(
+    fake=lambda x, w_gate, w_up, b_up, w_down, b_down, act: x.new_empty(
+        (*x.shape[:-1], w_down.shape[0])
+    )
+)
 def mlp_triton(
     x: torch.Tensor,
     w_gate: torch.Tensor | None,
@@ -47,11 +52,6 @@ def mlp_triton(
 ) -> torch.Tensor:
     """The two-kernel Triton MLP as an op the profiler and torch.compile see by name."""
     return mlp(x, w_gate, w_up, b_up, w_down, b_down, act)
-
-
-@mlp_triton.register_fake
-def _(x, w_gate, w_up, b_up, w_down, b_down, act):  # the op's signature, above
-    return x.new_empty((*x.shape[:-1], w_down.shape[0]))
 
 
 ENTRY = triton_entry(

@@ -9,17 +9,36 @@ memory-bound: its yardstick is the device's copy bandwidth.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.rms_norm.reference import EPS
-from traceq.zoo.triton_support import check_device, rows_2d, triton_entry
+from traceq.zoo.triton_support import (
+    check_device,
+    load_tile,
+    row_tile_offsets,
+    rows_2d,
+    store_tile,
+    triton_entry,
+)
 
 #: Elements one program handles when rows are narrow: a few KiB in flight per program.
 ELEMENTS_PER_PROGRAM = 4096
 
 #: Widest row one tile holds (Liger's limit too); wider rows would need a looped reduction.
 MAX_ROW = 65536
+
+
+@triton.jit
+def normalize_rows(x, w_ptr, cols, N, eps):
+    """``x * rsqrt(mean(x²) + eps) * w`` of an fp32 tile of whole rows (``cols`` all N of
+    them; masked-off columns hold zeros, which leave the sum of squares alone)."""
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
+    return x * rstd[:, None] * w[None, :]
 
 
 @triton.jit
@@ -37,20 +56,10 @@ def rms_norm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N).to(tl.int64)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(
-        x_ptr + rows[:, None] * stride_xm + cols[None, :] * stride_xn, mask=mask, other=0.0
-    ).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(
-        out_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on,
-        y.to(out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    rows, cols, mask = row_tile_offsets(M, N, BLOCK_M, BLOCK_N)
+    x = load_tile(x_ptr, rows, cols, mask, stride_xm, stride_xn)
+    y = normalize_rows(x, w_ptr, cols, N, eps)
+    store_tile(out_ptr, y, rows, cols, M, N, stride_om, stride_on)
 
 
 def launch_shape(m: int, n: int) -> tuple[int, int, int]:
@@ -61,6 +70,15 @@ def launch_shape(m: int, n: int) -> tuple[int, int, int]:
     block_m = min(triton.next_power_of_2(max(m, 1)), max(1, ELEMENTS_PER_PROGRAM // block_n))
     num_warps = max(4, min(16, block_m * block_n // 1024))
     return block_m, block_n, num_warps
+
+
+def launch_rows(kernel: triton.JITFunction, args: tuple[Any, ...], m: int, n: int) -> None:
+    """Launch a whole-row kernel over [m, n] rows in ``launch_shape``'s tiles; with no
+    elements there is nothing to launch."""
+    if m == 0 or n == 0:
+        return
+    block_m, block_n, num_warps = launch_shape(m, n)
+    kernel[(triton.cdiv(m, block_m),)](*args, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
 
 
 def rms_norm(
@@ -77,36 +95,15 @@ def rms_norm(
         raise ValueError(f"out must be contiguous {tuple(x.shape)} {x.dtype}")
     x2, out2 = rows_2d(x), out.view(-1, n)
     m = x2.shape[0]
-    if m == 0 or n == 0:
-        return out
-    block_m, block_n, num_warps = launch_shape(m, n)
-    rms_norm_kernel[(triton.cdiv(m, block_m),)](
-        x2,
-        weight,
-        out2,
-        m,
-        n,
-        x2.stride(0),
-        x2.stride(1),
-        out2.stride(0),
-        out2.stride(1),
-        EPS,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=num_warps,
-    )
+    args = (x2, weight, out2, m, n, *x2.stride(), *out2.stride(), EPS)
+    launch_rows(rms_norm_kernel, args, m, n)
     return out
 
 
-@torch.library.custom_op("zoo::rms_norm_triton", mutates_args=())
+@zoo_op(fake=lambda x, weight, act: x.new_empty(x.shape))
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
     """The Triton RMSNorm as an op the profiler and torch.compile see by name."""
     return rms_norm(x, weight, act)
-
-
-@rms_norm_triton.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, act: str) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 ENTRY = triton_entry(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from traceq.zoo.ops import zoo_op
 from traceq.zoo.triton_support import check_device, triton_entry
 
 
@@ -169,19 +170,12 @@ def rope(
     return q_out, k_out
 
 
-@torch.library.custom_op("zoo::rope_triton", mutates_args=())
+@zoo_op(fake=lambda q, k, cos, sin, act: (torch.empty_like(q), torch.empty_like(k)))
 def rope_triton(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, act: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton RoPE as an op the profiler and torch.compile see by name."""
     return rope(q, k, cos, sin, act)
-
-
-@rope_triton.register_fake
-def _(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, act: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
 
 
 ENTRY = triton_entry(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import polars as pl
 
@@ -65,7 +66,10 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     graphed = torch.cuda.make_graphed_callables(small_mlp, (x,))  # or:
     small_mlp = torch.compile(small_mlp, mode="reduce-overhead")  # CUDA graphs + fusion
     ```
-    Larger batches also move work per launch up.
+    Larger batches also move work per launch up. In a serving engine's decode step
+    (`relations.inference`: vLLM `execute_*`, SGLang `step[DECODE ...]`) that replayed no
+    graph, the finding names the engine step and the engine's own switch: vLLM without
+    `--enforce-eager`, SGLang without `--disable-cuda-graph`.
 
     ## References
     - [CUDA graphs in PyTorch](https://pytorch.org/blog/accelerating-pytorch-with-cuda-graphs/)
@@ -140,13 +144,15 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
     launch_median = _launch_median_us(ctx, regions)
     top_ops = _top_ops(ctx, regions)
     graph_gap = float(opts["graph_gap_us"])
-    eager_decode = _eager_decode_steps(ctx)
+    engine_steps = inference_steps(ctx.trace)
+    eager_decode = _eager_decode_steps(engine_steps)
     for row in regions.iter_rows(named=True):
         idle_us = row["idle_ns"] / US
         residual = (row["n"] - 1) * graph_gap
         saving = max(0.0, idle_us - residual)
         span_us = row["span_ns"] / US
-        where = step_text(row["step"])
+        engine = _engine_step(engine_steps, row["launch_start"])
+        where = _where(row["step"], engine)
         yield ctx.finding(
             message=(
                 f"GPU {row['device']} idles {row['idle_share']:.0%} of {span_us:,.0f} µs in "
@@ -184,14 +190,33 @@ def launch_bound(ctx: Context) -> Iterator[Finding]:
                 # What the saving comes from, for a report's total (each µs counted once).
                 "saves_from": "gpu_idle",
                 "window_ns": [row["start"], row["end"]],
+                **({"engine_step": engine["step_index"]} if engine else {}),
             },
         )
 
 
-def _eager_decode_steps(ctx: Context) -> pl.DataFrame:
+def _eager_decode_steps(steps: pl.DataFrame) -> pl.DataFrame:
     """Serving decode steps (`relations.inference`) that replayed no CUDA graph."""
-    steps = inference_steps(ctx.trace)
     return steps.filter((pl.col("phase") == "decode") & (pl.col("graph_launches") == 0))
+
+
+def _engine_step(steps: pl.DataFrame, launch_start: int | None) -> dict[str, Any] | None:
+    """The serving engine step (`relations.inference`) whose CPU window holds the region's
+    first launch: a serving trace has no profiler steps, its engine's steps are the unit."""
+    if launch_start is None:
+        return None
+    inside = steps.filter((pl.col("ts_ns") <= launch_start) & (launch_start < pl.col("end_ns")))
+    return inside.row(0, named=True) if inside.height else None
+
+
+def _where(step: int | None, engine: dict[str, Any] | None) -> str:
+    """The region's profiler step, else the engine step around it ("engine step 0 (decode,
+    batch 32)", as TQ210 names it), else the trace."""
+    if step is not None or engine is None:
+        return step_text(step)
+    batch = engine["batch_size"] and f"batch {engine['batch_size']}"
+    details = ", ".join(str(part) for part in (engine["phase"], batch) if part)
+    return f"engine step {engine['step_index']}" + (f" ({details})" if details else "")
 
 
 def _fix(eager_decode: pl.DataFrame, launch_start: int | None) -> str:

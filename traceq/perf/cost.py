@@ -50,6 +50,8 @@ from traceq.relations.vocabulary import (
     ALIASES,
     BINARY_COMPARISONS,
     COMPARISONS,
+    CONVOLUTIONS,
+    GEMMS,
     NOT_TENSOR,
     STRIDED_VIEWS,
     VIEWS,
@@ -106,37 +108,8 @@ FLOAT_RANK = {"c10::BFloat16": 1, "c10::Half": 1, "float": 2, "double": 3}
 INT_RANK = {"bool": 0, "unsigned char": 1, "signed char": 1, "short int": 2, "int": 3}
 INT_RANK["long int"] = 4
 
-GEMM_OPS = {
-    "mm",
-    "addmm",
-    "bmm",
-    "baddbmm",
-    "addbmm",
-    "linear",
-    "matmul",
-    "mv",
-    "addmv",
-    "dot",
-    "_addmm_activation",
-    "_scaled_mm",
-    "_int_mm",
-    "_grouped_mm",
-    "_scaled_grouped_mm",
-}
-CONV_OPS = {
-    "conv1d",
-    "conv2d",
-    "conv3d",
-    "convolution",
-    "_convolution",
-    "cudnn_convolution",
-    "mkldnn_convolution",
-    "miopen_convolution",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "conv_transpose3d",
-    "_slow_conv2d_forward",
-}
+GEMM_OPS = GEMMS | {"_scaled_grouped_mm"}
+CONV_OPS = CONVOLUTIONS | {"_slow_conv2d_forward"}
 VIEW_OPS = (
     VIEWS
     | STRIDED_VIEWS

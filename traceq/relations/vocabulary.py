@@ -92,3 +92,67 @@ LOSSES = frozenset({"mse_loss", "nll_loss", "cross_entropy_loss", "l1_loss", "sm
 NOT_TENSOR = frozenset(
     {"Scalar", "ScalarList", "TensorList", "GenericList", "", "None", "String", "Device"}
 )
+
+#: Matrix products: a GEMM (or GEMV) kernel each.
+GEMMS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addbmm",
+        "matmul",
+        "linear",
+        "mv",
+        "addmv",
+        "dot",
+        "_addmm_activation",
+        "_scaled_mm",
+        "_int_mm",
+        "_grouped_mm",
+    }
+)
+
+#: Convolutions, forward, as ATen dispatches them.
+CONVOLUTIONS = frozenset(
+    {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "_convolution",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "miopen_convolution",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+)
+
+#: Elementwise math of one tensor: one value in, one value out, same shape.
+UNARY_MATH = frozenset(
+    {
+        "neg",
+        "abs",
+        "sign",
+        "square",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "exp",
+        "exp2",
+        "expm1",
+        "log",
+        "log1p",
+        "log2",
+        "erf",
+        "erfc",
+        "sin",
+        "cos",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+    }
+)

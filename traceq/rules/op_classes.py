@@ -16,7 +16,11 @@ import polars as pl
 
 from traceq.perf.traffic import ITEMSIZE, itemsize, numel
 from traceq.relations.opnames import base_name
-from traceq.relations.vocabulary import ALIASES, VIEWS
+from traceq.relations.vocabulary import (
+    ALIASES,
+    UNARY_MATH,
+    VIEWS,
+)
 
 #: GEMM ops -> (index of the activation operand `x`, index of the weight, index of the bias
 #: or -1). `x` is what the GEMM reads from upstream; `w` gives K and N.
@@ -85,59 +89,42 @@ ACTIVATION_TOKENS = (
 
 #: Elementwise ops: each reads and writes whole tensors with no reduction, so a chain of
 #: them can run as one kernel. Casts move data only when the dtype changes (see `CASTS`).
-ELEMENTWISE_OPS = frozenset(
-    {
-        "add",
-        "sub",
-        "rsub",
-        "mul",
-        "div",
-        "true_divide",
-        "pow",
-        "neg",
-        "exp",
-        "exp2",
-        "expm1",
-        "log",
-        "log1p",
-        "log2",
-        "sqrt",
-        "rsqrt",
-        "abs",
-        "reciprocal",
-        "square",
-        "sin",
-        "cos",
-        "erf",
-        "erfc",
-        "sign",
-        "floor",
-        "ceil",
-        "round",
-        "trunc",
-        "fmod",
-        "remainder",
-        "clamp",
-        "clamp_min",
-        "clamp_max",
-        "minimum",
-        "maximum",
-        "where",
-        "addcmul",
-        "addcdiv",
-        "lerp",
-        "masked_fill",
-        "threshold",
-        "leaky_relu",
-        "hardtanh",
-        "hardswish",
-        "hardsigmoid",
-        "softplus",
-        "mish",
-        "elu",
-        *ACTIVATION_OPS,
-    }
-)
+ELEMENTWISE_OPS = UNARY_MATH | {
+    "add",
+    "addcdiv",
+    "addcmul",
+    "celu",
+    "clamp",
+    "clamp_max",
+    "clamp_min",
+    "div",
+    "elu",
+    "fmod",
+    "gelu",
+    "hardsigmoid",
+    "hardswish",
+    "hardtanh",
+    "leaky_relu",
+    "lerp",
+    "masked_fill",
+    "maximum",
+    "minimum",
+    "mish",
+    "mul",
+    "pow",
+    "relu",
+    "remainder",
+    "rsub",
+    "selu",
+    "sigmoid",
+    "silu",
+    "softplus",
+    "sub",
+    "tanh",
+    "threshold",
+    "true_divide",
+    "where",
+}
 
 
 #: Casts: elementwise copies that count as their own kernel only when they launched one.

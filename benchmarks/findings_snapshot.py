@@ -63,14 +63,15 @@ def snapshot(path: Path) -> dict:
     report.pop("timings", None)
     for key in ("rule_timings", "timing"):
         report.pop(key, None)
-    return {"exit": result.exit_code, "report": _portable(_without_timings(report))}
+    return {"exit": result.exit_code, "report": _portable(without_timings(report))}
 
 
-def _without_timings(value: object) -> object:
+def without_timings(value: object) -> object:
+    """The report without its wall-clock keys (per-rule timings)."""
     if isinstance(value, dict):
-        return {k: _without_timings(v) for k, v in value.items() if "timing" not in k}
+        return {k: without_timings(v) for k, v in value.items() if "timing" not in k}
     if isinstance(value, list):
-        return [_without_timings(v) for v in value]
+        return [without_timings(v) for v in value]
     return value
 
 

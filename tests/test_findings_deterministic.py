@@ -15,7 +15,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FIXTURES, SHARED_TRACES
+from conftest import FIXTURES, REPO_ROOT, SHARED_TRACES
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from findings_snapshot import without_timings  # the snapshot's own rule
 
 TRACES = [
     FIXTURES / "gpu" / "hta-alexnet-a100.json.gz",
@@ -31,15 +34,7 @@ def report(path: os.PathLike[str], seed: int) -> object:
     command = [sys.executable, "-c", cli, "analyze", str(path), "--format", "json", "--no-config"]
     done = subprocess.run(command, capture_output=True, env=env, timeout=300)
     assert done.returncode in (0, 1), done.stderr.decode()[-2000:]
-    return _without_timings(json.loads(done.stdout))
-
-
-def _without_timings(value: object) -> object:
-    if isinstance(value, dict):
-        return {k: _without_timings(v) for k, v in value.items() if "timing" not in k}
-    if isinstance(value, list):
-        return [_without_timings(v) for v in value]
-    return value
+    return without_timings(json.loads(done.stdout))
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)

@@ -22,8 +22,10 @@ from traceq.relations.dataflow.readers import (
     attention_operands,
     backward_reads,
     bias_gelu,
+    bias_gelu_backward,
     blend,
     ddp_reducer,
+    foreach_adam,
     gradients,
     indexing,
     kv_cache,
@@ -34,6 +36,7 @@ from traceq.relations.dataflow.readers import (
     optimizer_steps,
     repeats,
     rotary,
+    saved_operands,
     scalars,
     shortcuts,
     sibling_projections,
@@ -71,6 +74,9 @@ READERS: tuple[Reader, ...] = (
     gradients.reads,  # input buffers
     accumulated_gradients.reads,  # a norm's weight and bias gradients
     optimizer_steps.reads,  # SGD's add_(param, grad)
+    foreach_adam.reads,  # Adam's tensor lists
+    saved_operands.reads,  # a GEMM backward's saved operands
+    bias_gelu_backward.reads,  # Megatron's bias_gelu_back
     unsized_views.reads,
 )
 """Every reader, in the order they run."""

@@ -46,7 +46,12 @@ def check(
     fail_on_new_findings: bool,
     fmt: str,
 ) -> None:
-    """Check TRACE against a baseline; exit 1 when a metric regressed beyond noise."""
+    """Check TRACE against a baseline; exit 1 when a metric regressed beyond noise.
+
+    With too few steps to judge the noise (fewer than 4 a side), exit 1 only when a metric
+    is slower by more than --max-regress on every step pair; otherwise exit 0 and say on
+    stderr that there were too few steps to judge.
+    """
     limit = parse_ratio(max_regress)  # bad syntax fails before the load
     if jobs.is_job_source(trace) or jobs.is_job_source(baseline_path):
         return jobs.check(trace, baseline_path, limit, list(metrics) or None, fmt)
@@ -60,5 +65,8 @@ def check(
             cache=cache_choice(),
         )
     click.echo(render_check(result, fmt), nl=False)
+    too_few = result.too_few_line()
+    if too_few:  # on stderr too, where a CI log shows it beside the exit status
+        click.echo(f"traceq check: {too_few}", err=True)
     if result.failed:
         sys.exit(1)

@@ -265,6 +265,7 @@ def baseline_save(paths: str, output: str, findings: bool | None) -> None:
 
 def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fmt: str) -> None:
     """`traceq check JOB --baseline JOB.json`: exit 1 when a rank or the job step regressed."""
+    from traceq.regression.check import TOO_FEW
     from traceq.regression.jobs import check_job
 
     with progress(f"Checking {trace} ..."):
@@ -275,8 +276,9 @@ def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fm
         from traceq.reports.safe_text import LINE_CHARS, clip, printable
 
         step = result.job_step
+        said = step["judgement"] if step["verdict"] == TOO_FEW else step["verdict"]
         click.echo(
-            f"job step time: {step['verdict']}"
+            f"job step time: {said}"
             + (f" ({step['rel']:+.1%})" if step.get("rel") is not None else "")
         )
         for rank, res in sorted(result.ranks.items()):
@@ -285,5 +287,11 @@ def check(trace: str, baseline: str, limit: float, metrics: list[str] | None, fm
             click.echo(printable(clip(line, LINE_CHARS)))
         for note in result.notes:
             click.echo(printable(clip(f"note: {note}", LINE_CHARS)))
+    if result.too_few:
+        click.echo(
+            f"traceq check: {result.too_few}: only a metric slower by more than {limit:.1%} "
+            "on every step pair fails",
+            err=True,
+        )
     if result.failed:
         sys.exit(1)

@@ -223,7 +223,7 @@ def test_json_output_keeps_names_exactly(gpu_trace: Path, gpu_baseline: Path) ->
     info = json.loads(run("info", gpu_trace, "--format", "json").output)
     assert info["devices"][0]["name"] == DEVICE
     check = run("check", gpu_trace, "--baseline", gpu_baseline, "--format", "json")
-    assert CONTROL in "".join(m["metric"] for m in json.loads(check.output)["metrics"])
+    assert CONTROL in "".join(m["metric"] for m in json.loads(check.stdout)["metrics"])
 
 
 def test_an_error_message_is_one_printable_line(folder: Path) -> None:

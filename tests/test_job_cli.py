@@ -95,3 +95,47 @@ def test_a_job_renders_as_the_html_report(tmp_path):
     assert [t.rank for t in job.traces] == [0, 1, 2, 3]
     text = traceq.report(job, tmp_path / "job.html").read_text()
     assert all(f"rank {r}" in text for r in range(4))
+
+
+STACKS = "4 of 4 ranks: no Python stacks: findings cannot name the source line"
+MODULES = "4 of 4 ranks: no module hierarchy: findings cannot name their layer"
+
+
+def test_analyze_a_job_says_once_what_its_ranks_lack():
+    """The recorded DDP job has shapes but neither stacks nor modules, on every rank: one
+    line each for the job, in every format, not one per rank."""
+    args = ("analyze", SLOW_JOB, "--no-config", "--engine", "serial")
+    code, out, _ = invoke(*args)
+    assert code == 0
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert [n.split(":")[1].strip() for n in notes] == ["4 of 4 ranks"] * 2
+    assert STACKS in notes[0] and MODULES in notes[1]
+    assert out.count("no Python stacks") == 1
+    code, out, _ = invoke(*args, "--format", "json")
+    notices = json.loads(out)["summary"]["notices"]
+    assert len(notices) == 2 and notices[0].startswith(STACKS) and notices[1].startswith(MODULES)
+    code, out, _ = invoke(*args, "--format", "markdown")
+    assert out.count("> **Note:** 4 of 4 ranks: ") == 2
+
+
+def test_a_rank_recorded_without_shapes_is_counted_and_named(tmp_path):
+    """Rank 2's trace rewritten without its input shapes: the job's analysis says which
+    rank lacks them, beside what all four lack."""
+    import gzip
+
+    import traceq
+
+    job = tmp_path / "job"
+    shutil.copytree(REPO / "fixtures" / "jobs" / "ddp_gloo_balanced", job)
+    path = job / "rank-2.pt.trace.json.gz"
+    document = json.loads(gzip.decompress(path.read_bytes()))
+    for event in document["traceEvents"]:
+        event.get("args", {}).pop("Input Dims", None)
+    path.write_bytes(gzip.compress(json.dumps(document).encode()))
+    result = traceq.analyze_job(traceq.load_job(job, engine="serial", cache=False))
+    shapes, stacks, modules = result.notices
+    assert shapes.startswith("1 of 4 ranks (rank 2): no input shapes: fusion rules see")
+    assert "record with `record_shapes=True`" in shapes
+    assert stacks.startswith(STACKS) and modules.startswith(MODULES)
+    code, out, _ = invoke("analyze", job, "--no-config", "--engine", "serial", "--no-cache")
+    assert code == 0 and "note: 1 of 4 ranks (rank 2): no input shapes" in out

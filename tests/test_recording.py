@@ -204,3 +204,53 @@ def test_trainer_callback_records_a_real_transformers_model(tmp_path: Path) -> N
     assert trace.steps["step"].to_list() == [2]
     assert [n.kind for n in notices(trace)] == []
     assert trace.ops["module"].drop_nulls().str.contains("GPT2").any()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None
+    or importlib.util.find_spec("accelerate") is None,
+    reason="Trainer needs transformers and accelerate",
+)
+def test_trainer_callback_records_a_real_trainer_train(tmp_path: Path) -> None:
+    """`Trainer.train()` itself drives the callback (its own loop, optimizer and step
+    counting) over a tiny GPT-2 built from its config: the trace and its Execution Trace
+    are written, the trace holds the recorded step, and the ET pairs with it."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from traceq.integrations.transformers import TraceqCallback
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+    rows = torch.randint(0, 64, (8, 8))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        learning_rate=0.1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    callback = TraceqCallback(str(tmp_path / "traces"), wait=1, warmup=1, active=1, quiet=True)
+    trainer = Trainer(
+        model=GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=[{"input_ids": row, "labels": row} for row in rows],
+        callbacks=[callback],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 3
+    (path,) = callback.recording.traces
+    (et_path,) = callback.recording.execution_traces
+    assert path.name == "rank-0.pt.trace.json.gz" and et_path.name == "rank-0.et.json.gz"
+    trace = traceq.load(path, cache=False)
+    assert trace.steps["step"].to_list() == [2]  # wait 1, warmup 1, active 1
+    assert [n.kind for n in notices(trace)] == []
+    et = load_execution_trace(et_path)
+    paired = match_ops(trace, et)
+    assert paired.height >= 0.8 * et.filter(et["rf_id"].is_not_null()).height
+    gemms = trace.ops.filter(trace.ops["name"].is_in(["aten::addmm", "aten::mm"]))
+    assert gemms.height and set(gemms["event"].cast(int)) <= set(paired["event"].to_list())

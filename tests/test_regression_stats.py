@@ -81,14 +81,51 @@ def test_one_sample_decides_on_the_point_estimate_and_says_so() -> None:
     assert verdict(change, 0.15) == "within limit"
 
 
-def test_three_steps_each_are_too_few_for_the_u_test_so_the_interval_decides() -> None:
+# Three steps a side, 7.8 % slower in the mean: every resample's interval lies above zero,
+# yet the fastest new step is only 1.9 % slower than the slowest base step.
+THREE_BASE = np.array([100.0, 103.0, 106.0])
+THREE_NEW = np.array([108.0, 111.0, 114.0])
+
+
+def test_three_steps_each_are_too_few_to_judge_so_nothing_is_outside_the_noise() -> None:
     assert min_p_value(3, 3) == pytest.approx(0.1)
     assert min_p_value(6, 6) < ALPHA
-    (change,) = compare(STEADY[None, :3], STEADY[None, :3] * 1.3)
-    assert not change.test_can_decide
-    assert "bootstrap interval decides" in change.basis
-    assert change.significant  # separated samples: the interval excludes zero
+    (change,) = compare(THREE_BASE[None, :], THREE_NEW[None, :])
+    assert not change.test_can_decide and change.too_few
+    assert change.ci_low is not None and change.ci_low > 0  # what used to decide alone
+    assert change.significant is None  # neither outside nor inside: not judged
+    assert change.judgement == "too few steps to judge (n=3; need ≥ 4)"
+    assert "too few steps to judge (n=3; need ≥ 4)" in change.basis
+    assert change.to_dict()["too_few_steps"] is True
+
+
+def test_three_steps_with_a_small_slowdown_are_not_a_regression() -> None:
+    (change,) = compare(THREE_BASE[None, :], THREE_NEW[None, :])
+    assert change.rel == pytest.approx(111 / 103 - 1)  # beyond a 5 % limit in the mean
+    assert change.pairs_low == pytest.approx(108 / 106 - 1)  # not on every step pair
+    assert change.pairs_high == pytest.approx(114 / 100 - 1)
+    assert verdict(change, 0.05) == "too few steps"
+
+
+def test_three_steps_slower_beyond_the_limit_on_every_pair_still_regress() -> None:
+    (slower,) = compare(STEADY[None, :3], STEADY[None, :3] * 1.3)
+    assert slower.pairs_low == pytest.approx(STEADY[:3].min() * 1.3 / STEADY[:3].max() - 1)
+    assert verdict(slower, 0.05) == "regressed"
+    assert verdict(slower, 0.35) == "too few steps"  # 30 % is within a 35 % limit
+    (faster,) = compare(STEADY[None, :3], STEADY[None, :3] * 0.7)
+    assert verdict(faster, 0.05) == "improved"
+
+
+def test_four_steps_each_are_judged_by_the_interval_and_the_test() -> None:
+    """Enough steps for the U test: the mean decides against the noise, as before, even
+    where not every step pair is beyond the limit (108 vs 103 is +4.9 %)."""
+    (change,) = compare(np.array([[100.0, 101, 102, 103]]), np.array([[108.0, 109, 110, 111]]))
+    assert change.test_can_decide and not change.too_few
+    assert change.p_value == pytest.approx(min_p_value(4, 4))
+    assert change.significant is True and change.judgement == "outside noise"
+    assert change.pairs_low is not None and change.pairs_low < 0.05
     assert verdict(change, 0.05) == "regressed"
+    assert change.to_dict()["too_few_steps"] is False
 
 
 def test_groups_absent_on_one_side_appear_or_disappear() -> None:

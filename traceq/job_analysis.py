@@ -3,7 +3,9 @@
 Per rank (the map, on the job's engine): load the trace, reduce it to its `RankSummary`
 and run the single-trace rules on it, returning only the summary and the findings. Across
 ranks (the reduce, on the driver): the job-scope rules (TQ4xx) over the combined frames.
-A rank's findings carry `evidence["rank"]` and say their rank in the message.
+A rank's findings carry `evidence["rank"]` and say their rank in the message. What the
+ranks' traces lack (`rules.recorded`) is said once for the job, with how many ranks lack
+it, not once per rank.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
     from traceq.rules.engine import RuleSet
 
 
+NOTICE_ORDER = ("shapes", "stacks", "modules", "execution_trace")  # `rules.recorded.notices`
+
+
 @dataclass
 class JobAnalysis:
     """Findings across the job (TQ4xx) and per rank, with the frames they rest on."""
@@ -36,6 +41,9 @@ class JobAnalysis:
     timings_s: dict[str, float] = field(default_factory=dict)
     devices: dict[int, dict[str, Any]] = field(default_factory=dict)
     rules_run: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+    """What the ranks' traces lack and what that costs the findings, once for the job:
+    "4 of 4 ranks: no input shapes: ..." (`job_notices`)."""
 
     @property
     def job_findings(self) -> list[Finding]:
@@ -63,12 +71,16 @@ def rank_work(
         model = device_model(trace).with_overrides(dict(config.device))
         summary.extra["device"] = model.to_dict()
         summary.extra["rules"] = []
+        summary.extra["notices"] = []  # what a trace lacks costs trace rules only
         return summary, []
     from traceq.rules.engine import run
+    from traceq.rules.recorded import notices
 
     analysis = run(trace, config, ruleset=_ruleset())
     summary.extra["device"] = analysis.device.to_dict()
     summary.extra["rules"] = [r.code for r in analysis.rules]
+    # as `analysis.notices`, with their kinds, so the driver can count ranks per kind
+    summary.extra["notices"] = [(n.kind, n.message) for n in notices(trace) if n.findings]
     findings = []
     for finding in analysis.findings:
         finding.evidence["rank"] = task.rank
@@ -123,4 +135,42 @@ def analyze_job(
     everything.sort(key=lambda f: (-f.est_saving_us, -f.time_us, f.rule, f.step or 0))
     devices = {s.rank: s.extra["device"] for s in summaries}
     ran = {code for s in summaries for code in s.extra["rules"]} | set(timings)
-    return JobAnalysis(everything, frames, job.notes(), timings, devices, sorted(ran))
+    lacks = job_notices({s.rank: s.extra.get("notices", []) for s in summaries})
+    return JobAnalysis(everything, frames, job.notes(), timings, devices, sorted(ran), lacks)
+
+
+def job_notices(per_rank: Mapping[int, Sequence[tuple[str, str]]]) -> list[str]:
+    """Each rank's notices (kind, message) as one line per kind for the job: a job's ranks
+    are usually recorded alike, and 128 copies of "no input shapes" hide the one rank
+    recorded differently. "4 of 4 ranks: no input shapes: ...", "1 of 4 ranks (rank 2):
+    ..."; the message is the lowest such rank's, said so when another rank's differs
+    (its counts of GEMMs)."""
+    total = len(per_rank)
+    ranks: dict[str, list[int]] = {}
+    messages: dict[str, list[str]] = {}
+    for rank in sorted(per_rank):
+        for kind, message in per_rank[rank]:
+            ranks.setdefault(kind, []).append(rank)
+            messages.setdefault(kind, []).append(message)
+    lines = []
+    # in the order `notices` gives them, what costs findings most first
+    order = {kind: i for i, kind in enumerate(NOTICE_ORDER)}
+    for kind, lacking in sorted(ranks.items(), key=lambda kv: order.get(kv[0], len(order))):
+        which = "" if len(lacking) == total else f" ({_ranks(lacking)})"
+        first = messages[kind][0]
+        differ = any(m != first for m in messages[kind])
+        lines.append(
+            f"{len(lacking)} of {total} ranks{which}: {first}"
+            + (f" (rank {lacking[0]}'s; other ranks' numbers differ)" if differ else "")
+        )
+    return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'rank 2', 'ranks 1, 3', 'ranks 0..63' (contiguous), cut after 8 ranks."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}..{ranks[-1]}"
+    shown = ", ".join(map(str, ranks[:8]))
+    return f"ranks {shown}" + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")

@@ -9,6 +9,13 @@ depth, their total time (`groups.op_totals`). A metric regresses when its
 relative change exceeds `max_regress` and lies outside the noise (see `stats`). Groups
 that appear or disappear are reported, not failed: their time shows in the totals, and a
 pattern that came back shows as a new finding (`fail_on_new_findings`).
+
+With too few steps to judge the noise (fewer than `stats.min_steps()` a side, but more
+than one: 3 + 3 steps give the U test at best p = 0.1), the gate cannot tell a slowdown
+from jitter, so it fails only on what three steps do prove: a metric slower by more than
+`max_regress` on every step pair (its fastest new step against its slowest base step).
+Anything less passes, as "too few steps to judge (n=3; need ≥ 4)", said in the report and
+by `traceq check` on stderr. With one sample a side (no steps), the point estimate decides.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from traceq.regression.diff import (
 )
 from traceq.regression.errors import RegressionError
 from traceq.regression.groups import DIMENSIONS, strip_compile_wrapper
-from traceq.regression.stats import Change, compare
+from traceq.regression.stats import Change, compare, min_steps
 from traceq.regression.summary import Summary
 from traceq.trace import Trace
 
@@ -48,7 +55,8 @@ class Metric:
     spec: str  # e.g. "step", "gpu", "kernel:ampere_sgemm_128x64_tn", "module:encoder"
     label: str
     change: Change
-    verdict: str  # regressed | improved | within limit | no change | appeared | disappeared
+    # regressed | improved | within limit | no change | appeared | disappeared | too few steps
+    verdict: str
     groups: list[str] = field(default_factory=list)  # the groups the metric sums
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,6 +92,29 @@ class CheckResult:
     def failed(self) -> bool:
         return bool(self.regressions) or (self.fail_on_new_findings and bool(self.new_findings))
 
+    @property
+    def too_few(self) -> str | None:
+        """'too few steps to judge (n=3; need ≥ 4)' when the noise could not be judged, so
+        that only a regression on every step pair failed; None when it could."""
+        judged = next((m.change for m in self.metrics if m.change.too_few), None)
+        return judged.too_few_text if judged else None
+
+    def too_few_line(self) -> str | None:
+        """What the gate decided without a noise estimate, and how to get one (`traceq
+        check` prints it on stderr); None when the noise could be judged."""
+        if self.too_few is None:
+            return None
+        limit = f"{self.max_regress:.1%}"
+        if self.regressions:
+            return (
+                f"{self.too_few}: failed on {len(self.regressions)} metric(s) slower by more "
+                f"than {limit} on every step pair"
+            )
+        return (
+            f"{self.too_few}: passed, as no metric is slower by more than {limit} on every "
+            f"step pair; record ≥ {min_steps()} steps a side to judge the noise"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "failed": self.failed,
@@ -93,6 +124,7 @@ class CheckResult:
             "new": self.new_source,
             "notes": self.notes,
             "regressed": [m.spec for m in self.regressions],
+            "too_few_steps": self.too_few,
             "metrics": [m.to_dict() for m in self.metrics],
             "new_findings": self.new_findings,
             "resolved_findings": self.resolved_findings,
@@ -157,25 +189,51 @@ def check(
         for (spec, label, _dim, names), change in zip(selected, changes, strict=True)
     ]
     found = findings_diff(base.findings, new.findings) or {"appeared": [], "disappeared": []}
+    notes = comparability_notes(base, new, "check")
+    if checked and checked[0].change.too_few:  # one sample size for every metric
+        notes.append(too_few_note(checked[0].change, limit))
     return CheckResult(
         metrics=checked,
         max_regress=limit,
         per_step=per_step,
         base_source=base.source,
         new_source=new.source,
-        notes=comparability_notes(base, new, "check"),
+        notes=notes,
         new_findings=found["appeared"],
         resolved_findings=found["disappeared"],
         fail_on_new_findings=fail_on_new_findings,
     )
 
 
+TOO_FEW = "too few steps"
+
+
+def too_few_note(change: Change, limit: float) -> str:
+    """The line that says the gate could not judge the noise, and what it failed on."""
+    return (
+        f"{change.too_few_text}: the noise cannot be judged, so only a metric slower by "
+        f"more than {limit:.1%} on every step pair fails"
+    )
+
+
 def verdict(change: Change, limit: float) -> str:
-    """Regressed only when the change is both larger than `limit` and outside the noise."""
+    """Regressed only when the change is both larger than `limit` and outside the noise.
+
+    With too few steps to judge the noise, "outside" cannot be said: regressed only when
+    every step pair is slower by more than `limit` (improved: faster by more), else
+    `TOO_FEW`, which passes: three steps are no ground to fail a build on a mean."""
     if change.base == 0:
         return "appeared" if change.new > 0 else "no change"
     if change.new == 0:
         return "disappeared"
+    if change.too_few:
+        if change.rel == 0:
+            return "no change"
+        if change.pairs_low is not None and change.pairs_low > limit:
+            return "regressed"
+        if change.pairs_high is not None and change.pairs_high < -limit:
+            return "improved"
+        return TOO_FEW
     if not change.significant:
         return "no change"
     assert change.rel is not None

@@ -1,9 +1,10 @@
 """`diff(base, new)`: what changed between two traces (or a baseline and a trace), and where.
 
 Per group of one dimension (kernel name, op, module, or step): counts and time per step,
-their deltas sorted by impact, whether the change is outside the noise, and the groups
-that appear or disappear. Alongside: ops that now dispatch to different kernels, separate
-ops that became one fused kernel, and the analyzer's findings that appear or disappear.
+their deltas sorted by impact, whether the change is outside the noise (unknown, `None`,
+with too few steps to judge it: `stats`), and the groups that appear or disappear.
+Alongside: ops that now dispatch to different kernels, separate ops that became one fused
+kernel, and the analyzer's findings that appear or disappear.
 
 Traces of different lengths compare per step when both have steps; traces from different
 devices or vendors should be compared by op or module (the default), because the same
@@ -139,7 +140,9 @@ class Diff:
             "notes": self.notes,
             "metadata": self.metadata,
             "totals": [
-                {"metric": t.metric, "label": t.label, **t.change.to_dict()} for t in self.totals
+                {"metric": t.metric, "label": t.label, "verdict": t.change.judgement}
+                | t.change.to_dict()
+                for t in self.totals
             ],
             "groups": self.groups.to_dicts(),
             "fusions": [vars(f) for f in self.fusions],
@@ -188,13 +191,19 @@ def diff(
     # Kernels and child ops are not the same kind of implementation: compare like with like.
     same = b.basis == n.basis
     dispatch = dispatch_changes(b.dispatch if same else b.dispatch.clear(), n.dispatch, unit)
+    whole = totals(b, n, per_step)
+    if whole[0].change.too_few:
+        notes.append(
+            f"{whole[0].change.too_few_text}: no change is called outside or inside the "
+            "noise; slower and faster give the direction only"
+        )
     return Diff(
         by=by,
         basis=b.basis if b.basis == n.basis else f"{b.basis}/{n.basis}",
         per_step=per_step,
         base_source=b.source,
         new_source=n.source,
-        totals=totals(b, n, per_step),
+        totals=whole,
         groups=groups,
         fusions=fusions(b, n, per_step),
         dispatch=dispatch,

@@ -205,6 +205,14 @@ class JobCheck:
     def failed(self) -> bool:
         return self.job_step["verdict"] == "regressed" or any(c.failed for c in self.ranks.values())
 
+    @property
+    def too_few(self) -> str | None:
+        """'too few steps to judge (n=3; need ≥ 4)' when the job's step time or a rank had
+        too few steps for the noise to be judged (`check.verdict` says what then fails)."""
+        if self.job_step.get("too_few_steps"):
+            return str(self.job_step["judgement"])
+        return next((c.too_few for c in self.ranks.values() if c.too_few), None)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "failed": self.failed,
@@ -234,7 +242,11 @@ def check_job(
     base_steps, new_steps = b.job_step_ns(), n.job_step_ns()
     if base_steps and new_steps:
         (change,) = compare(np.array([base_steps]), np.array([new_steps]))
-        job_step = {"verdict": verdict(change, max_regress), **change.to_dict()}
+        job_step = {
+            "verdict": verdict(change, max_regress),
+            "judgement": change.judgement,
+            **change.to_dict(),
+        }
     else:
         job_step = {"verdict": "no steps"}
     return JobCheck(results, job_step, notes)

@@ -20,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from traceq.regression.check import CheckResult, Metric
+from traceq.regression.check import TOO_FEW, CheckResult, Metric
 from traceq.regression.diff import Diff, basis_label
 from traceq.regression.dispatch import IMPL_SEP
 from traceq.regression.stats import Change
@@ -111,11 +111,8 @@ def _diff_sections(diff: Diff, top: int) -> list[Section]:
     totals = Section("Totals", ["metric", "base", "new", "change", "95% interval, test", "verdict"])
     for total in diff.totals:
         c = total.change
-        verdict = "outside noise" if c.significant else "no change (inside noise)"
-        if c.too_few and c.rel is not None:
-            verdict = c.too_few_text
         totals.rows.append(
-            [total.label, fmt_ns(c.base), fmt_ns(c.new), fmt_pct(c.rel), fmt_noise(c), verdict]
+            [total.label, fmt_ns(c.base), fmt_ns(c.new), fmt_pct(c.rel), fmt_noise(c), c.judgement]
         )
     if diff.totals and diff.totals[0].change.one_sample:
         totals.lines.append("one sample on a side: the decision rests on one measurement")
@@ -257,6 +254,11 @@ def _check_sections(result: CheckResult) -> list[Section]:
         )
         if result.fail_on_new_findings and result.new_findings:
             status += f"; {len(result.new_findings)} new finding(s)"
+    elif result.too_few:
+        status = (
+            f"PASS: {result.too_few}; nothing slower by more than {result.max_regress:.1%} "
+            "on every step pair"
+        )
     else:
         status = f"PASS: nothing regressed beyond {result.max_regress:.1%}"
     unit = "per-step samples" if result.per_step else "whole traces (no per-step samples)"
@@ -273,7 +275,7 @@ def _check_sections(result: CheckResult) -> list[Section]:
         ],
     )
     table = Section("Metrics", ["metric", "base", "new", "change", "95% interval, test", "verdict"])
-    order = {"regressed": 0, "improved": 2, "within limit": 3, "no change": 4}
+    order = {"regressed": 0, "improved": 2, "within limit": 3, TOO_FEW: 3, "no change": 4}
     for metric in sorted(result.metrics, key=lambda m: order.get(m.verdict, 1)):
         table.rows.append(_metric_row(metric))
     decided = {m.change.basis for m in result.metrics}
@@ -289,8 +291,10 @@ def _metric_row(metric: Metric) -> list[str]:
     mark = {"regressed": "✗ regressed", "improved": "✓ improved"}.get(
         metric.verdict, metric.verdict
     )
-    if c.too_few and c.rel is not None:  # beyond the limit on the interval alone, said so
-        mark = c.too_few_text if metric.verdict == "no change" else f"{mark}; {c.too_few_text}"
+    if metric.verdict == TOO_FEW:
+        mark = c.too_few_text
+    elif c.too_few and metric.verdict in ("regressed", "improved"):
+        mark = f"{mark} on every step pair; {c.too_few_text}"
     return [
         _metric_label(metric),
         fmt_ns(c.base),

@@ -5,8 +5,11 @@ fails on noise. With several steps per trace, each metric is decided like asv do
 benchmarks: the relative change of the per-step means with a bootstrap confidence interval
 (the effect size and its uncertainty), and a Mann–Whitney U test over the per-step samples
 (no normality assumed). A change counts only when the interval excludes zero and the test
-rejects "same distribution"; with so few steps that the test cannot reach its level
-(3 + 3 steps give at best p = 0.1) the interval decides alone. With one sample on a side
+rejects "same distribution". With so few steps that the test cannot reach its level
+(3 + 3 steps give at best p = 0.1) nothing is called outside the noise: an interval from
+three numbers per side is no estimate of it. Such a change says "too few steps to judge",
+and carries the range every step pair's change lies in (`pairs_low`, `pairs_high`), the
+one thing three steps do show for sure (the gate fails on it). With one sample on a side
 there is no noise estimate: the point estimate decides, and the result says so.
 """
 
@@ -37,6 +40,11 @@ class Change:
     p_value: float | None
     n_base: int
     n_new: int
+    # Every step pair's change, new step / base step - 1, lies in [pairs_low, pairs_high]:
+    # the fastest new step against the slowest base step, and the reverse. None without
+    # steps on both sides or when a base step took no time.
+    pairs_low: float | None = None
+    pairs_high: float | None = None
 
     @property
     def delta(self) -> float:
@@ -65,18 +73,29 @@ class Change:
         return f"too few steps to judge (n={n}; need ≥ {min_steps()})"
 
     @property
-    def significant(self) -> bool:
-        """Outside the noise: the interval excludes 0 and, where it can, the test rejects."""
+    def significant(self) -> bool | None:
+        """Outside the noise: the interval excludes 0 and the test rejects. None when there
+        are too few steps to judge: neither "outside" nor "inside" the noise can be said,
+        and saying either (from an interval of three numbers) misleads a reader."""
         if self.rel is None:
             return self.new != self.base
         if self.one_sample:
             return self.rel != 0
+        if self.too_few:
+            return None
         if self.ci_low is None or self.ci_high is None:
             return False
         outside = self.ci_low > 0 or self.ci_high < 0
-        if not self.test_can_decide:
-            return outside
         return outside and self.p_value is not None and self.p_value < ALPHA
+
+    @property
+    def judgement(self) -> str:
+        """The verdict on the noise in words: what diff's totals and check's notes print."""
+        if self.one_sample:
+            return "one sample: no noise estimate"
+        if self.too_few and self.rel is not None:
+            return self.too_few_text
+        return "outside noise" if self.significant else "no change (inside noise)"
 
     @property
     def basis(self) -> str:
@@ -85,8 +104,9 @@ class Change:
             return "one sample: no noise estimate, the decision rests on one measurement"
         if not self.test_can_decide:
             return (
-                f"{self.n_base}+{self.n_new} steps: too few to judge the noise (the U test "
-                f"needs ≥ {min_steps()} a side), the bootstrap interval decides"
+                f"{self.n_base}+{self.n_new} steps, {self.too_few_text}: the U test cannot "
+                f"reach p < {ALPHA}, so only a change beyond the limit on every step pair "
+                "is decided"
             )
         return f"{self.n_base}+{self.n_new} steps: bootstrap interval and Mann–Whitney U"
 
@@ -102,6 +122,9 @@ class Change:
             "n_base": self.n_base,
             "n_new": self.n_new,
             "significant": self.significant,
+            "too_few_steps": self.too_few,
+            "pairs_low": self.pairs_low,
+            "pairs_high": self.pairs_high,
         }
 
 
@@ -134,6 +157,7 @@ def compare(base: np.ndarray, new: np.ndarray) -> list[Change]:
     if min(n, m) >= 2:
         for i in np.flatnonzero(base_mean > 0):
             p_values[i] = _mann_whitney(base[i], new[i])
+    pairs_low, pairs_high = _pairs(base, new)
     return [
         Change(
             base=float(base_mean[i]),
@@ -144,9 +168,20 @@ def compare(base: np.ndarray, new: np.ndarray) -> list[Change]:
             p_value=_opt(p_values[i]),
             n_base=n,
             n_new=m,
+            pairs_low=_opt(pairs_low[i]),
+            pairs_high=_opt(pairs_high[i]),
         )
         for i in range(len(rel))
     ]
+
+
+def _pairs(base: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the smallest and largest change of any step pair: min(new) / max(base) - 1
+    and max(new) / min(base) - 1 (NaN where a base step took no time)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        low = np.where(base.max(axis=1) > 0, new.min(axis=1) / base.max(axis=1) - 1.0, np.nan)
+        high = np.where(base.min(axis=1) > 0, new.max(axis=1) / base.min(axis=1) - 1.0, np.nan)
+    return low, high
 
 
 def _bootstrap(base: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -196,6 +196,7 @@ def job_report(result: JobAnalysis, job: Job, source: str | None = None) -> Repo
         rules=[r for r in discover().rules if r.code in result.rules_run],
         problems=result.notes,
         timings_s={k: round(v, 4) for k, v in result.timings_s.items()},
+        notices=list(result.notices),
     )
 
 

@@ -93,7 +93,7 @@ def profile(
     *,
     wait: int = 1,
     warmup: int = 1,
-    active: int = 3,
+    active: int = 5,
     repeat: int = 1,
     record_shapes: bool = True,
     with_modules: bool = True,
@@ -106,7 +106,8 @@ def profile(
     """Profile the steps run inside the block (call `prof.step()` after each) into `dir`.
 
     `wait`, `warmup`, `active`, `repeat`: `torch.profiler.schedule`'s (steps skipped, run
-    but not kept, recorded; cycles, 0 for as long as the block runs). `execution_trace`:
+    but not kept, recorded; cycles, 0 for as long as the block runs); 5 active steps, as
+    `traceq check` needs at least 4 a side to judge noise. `execution_trace`:
     record an Execution Trace over the same active steps, beside each trace. `activities`:
     default CPU, and CUDA when it is available. Yields the `torch.profiler.profile`; its
     `recording` attribute (a `Recording`) lists the files once the block ends."""

@@ -224,6 +224,37 @@ def through_views(ops: pl.DataFrame, edges: pl.DataFrame, max_hops: int = 4) -> 
     )
 
 
+def reached_forward(
+    edges: pl.DataFrame,
+    start: pl.DataFrame,
+    frontier: pl.DataFrame,
+    key: list[str],
+    until: str,
+    max_hops: int,
+) -> pl.DataFrame:
+    """Every op reached forward along `edges` from each `frontier` row's op `_at`, as rows
+    of `key` and `_at`: a breadth-first walk of at most `max_hops` edges that never steps to
+    an op started (`start`: `event`, `ts_ns`) after the row's `until` column (an op that
+    started later cannot lie between)."""
+    forward = edges.select(pl.col("producer").alias("_at"), pl.col("consumer").alias("_next"))
+    forward = forward.unique().join(start.rename({"event": "_next", "ts_ns": "_n_ts"}), on="_next")
+    seen = frontier.select(*key, "_at")
+    reached = []
+    for _ in range(max_hops):
+        frontier = (
+            frontier.join(forward, on="_at")
+            .filter(pl.col("_n_ts") <= pl.col(until))
+            .select(*key, until, pl.col("_next").alias("_at"))
+            .unique()
+            .join(seen, on=[*key, "_at"], how="anti")
+        )
+        if frontier.height == 0:
+            break
+        seen = pl.concat([seen, frontier.select(*key, "_at")])
+        reached.append(frontier.select(*key, "_at"))
+    return pl.concat(reached) if reached else seen.clear()
+
+
 def written_out_activations(
     ops: pl.DataFrame, edges: pl.DataFrame, max_ops: int = 8
 ) -> pl.DataFrame:

@@ -37,7 +37,7 @@ from traceq.rules.base import Context, rule
 from traceq.rules.details import details, located, mib, shape_text
 from traceq.rules.finding import Finding
 from traceq.rules.idioms import fused_saving
-from traceq.rules.op_groups import backward_of, fusion_edges, fusion_ops
+from traceq.rules.op_groups import backward_of, fusion_edges, fusion_ops, reached_forward
 from traceq.rules.tq101_split_matmul_bias import split_bias_adds
 from traceq.rules.tq102_split_gemm_activation import split_activations
 from traceq.rules.tq103_unfused_glu import glu_ops
@@ -328,28 +328,11 @@ def _reaches(
     """The (`producer`, `_outside`) rows of `pairs` where `_outside` depends on `producer`
     along `edges`: a walk forward from each producer, never past `_o_ts` (an op that
     started later cannot lead to `_outside`)."""
-    forward = edges.select(pl.col("producer").alias("_at"), pl.col("consumer").alias("_next"))
-    forward = forward.unique().join(start.rename({"event": "_next", "ts_ns": "_n_ts"}), on="_next")
     frontier = pairs.with_columns(pl.col("producer").alias("_at"))
-    seen = frontier.select("producer", "_outside", "_at")
-    found = []
-    for _ in range(max_hops):
-        step = (
-            frontier.join(forward, on="_at")
-            .filter(pl.col("_n_ts") <= pl.col("_o_ts"))
-            .select("producer", "_outside", "_o_ts", pl.col("_next").alias("_at"))
-            .unique()
-            .join(seen, on=["producer", "_outside", "_at"], how="anti")
-        )
-        hit = step.filter(pl.col("_at") == pl.col("_outside")).select("producer", "_outside")
-        found.append(hit)
-        frontier = step.join(
-            hit.select("producer", "_outside"), on=["producer", "_outside"], how="anti"
-        )
-        if frontier.height == 0:
-            break
-        seen = pl.concat([seen, frontier.select("producer", "_outside", "_at")])
-    return pl.concat(found).unique() if found else pairs.select("producer", "_outside").clear()
+    reached = reached_forward(edges, start, frontier, ["producer", "_outside"], "_o_ts", max_hops)
+    return (
+        reached.filter(pl.col("_at") == pl.col("_outside")).select("producer", "_outside").unique()
+    )
 
 
 def pointwise_chains(

@@ -33,7 +33,13 @@ from traceq.rules.base import Context, rule
 from traceq.rules.details import decode_kernels, details, located, mib, shape_text
 from traceq.rules.finding import Finding
 from traceq.rules.kernel_patterns import kernel_parallel_gemms
-from traceq.rules.op_groups import autograd_work, fusion_edges, fusion_ops, parent_module
+from traceq.rules.op_groups import (
+    autograd_work,
+    fusion_edges,
+    fusion_ops,
+    parent_module,
+    reached_forward,
+)
 
 
 def custom_op() -> pl.Expr:
@@ -229,30 +235,12 @@ def independent(
         .group_by("_group")
         .agg(pl.col("ts_ns").max().alias("_until"))
     )
-    forward = (
-        edges.select(pl.col("producer").alias("_at"), pl.col("consumer").alias("_next"))
-        .unique()
-        .join(start.rename({"event": "_next", "ts_ns": "_n_ts"}), on="_next")
-    )
     frontier = members.join(last, on="_group").with_columns(pl.col("_gemm").alias("_at"))
-    seen = frontier.select("_group", "_gemm", "_at")
-    reached = []
-    for _ in range(max_hops):
-        frontier = (
-            frontier.join(forward, on="_at")
-            .filter(pl.col("_n_ts") <= pl.col("_until"))
-            .select("_group", "_gemm", "_until", pl.col("_next").alias("_at"))
-            .unique()
-            .join(seen, on=["_group", "_gemm", "_at"], how="anti")
-        )
-        if frontier.height == 0:
-            break
-        seen = pl.concat([seen, frontier.select("_group", "_gemm", "_at")])
-        reached.append(frontier.select("_group", pl.col("_at").alias("_dependent")))
-    if not reached:
+    reached = reached_forward(edges, start, frontier, ["_group", "_gemm"], "_until", max_hops)
+    if reached.height == 0:
         return groups
     dependent = (
-        pl.concat(reached)
+        reached.select("_group", pl.col("_at").alias("_dependent"))
         .join(members, left_on=["_group", "_dependent"], right_on=["_group", "_gemm"], how="semi")
         .unique()
     )

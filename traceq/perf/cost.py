@@ -30,6 +30,14 @@ FlopCounterMode):
   `dataflow.semantic_root`.) Fused MoE ops (`CUSTOM_MOE`) are costed only when the routing
   (`[T, topk]` ids) and the expert weights (`[E, 2N, K]`, `[E, K, N]`) are inputs: each of
   the T·topk routed rows runs both expert GEMMs; weights of min(E, T·topk) experts are read.
+- Serving engines' own kernels (`CUSTOM_NORM`, `CUSTOM_GLU`, `CUSTOM_ROTARY`,
+  `CUSTOM_KV_WRITE`), by their signature: an RMS/layer norm reads and writes each distinct
+  activation shape once (twice with a fused residual add: x and residual in, out and the
+  new residual out) plus its weight; `silu_and_mul` reads `[T, 2N]` and writes `[T, N]`;
+  rotary embedding reads and writes q and k in place plus T rows of the cos/sin cache;
+  a KV-cache write reads the step's k and v and writes them into the cache (the cache's
+  own size is not moved). Paged attention is not modelled: the KV lengths are values the
+  trace does not record.
 """
 
 from __future__ import annotations
@@ -566,10 +574,17 @@ CUSTOM_GEMM = re.compile(r"(?i)(gemm|matmul|linear|(?:^|_)mm(?:_|$))")
 
 
 def _custom_kind(op: str) -> str | None:
-    if CUSTOM_MOE.search(op):
-        return "moe"
-    if CUSTOM_GEMM.search(op):
-        return "gemm"
+    """Which signature reading a custom op gets, from its name (first match wins)."""
+    for kind, pattern in (
+        ("moe", CUSTOM_MOE),
+        ("gemm", CUSTOM_GEMM),
+        ("norm", CUSTOM_NORM),
+        ("glu", CUSTOM_GLU),
+        ("rotary", CUSTOM_ROTARY),
+        ("kv_write", CUSTOM_KV_WRITE),
+    ):
+        if pattern.search(op):
+            return kind
     return None
 
 
@@ -650,7 +665,112 @@ def _custom_moe(op: str, a: _Args, name: str) -> Cost:
     return Cost("gemm", mnk, mnk, read, t * k * ITEMSIZE[dtype], _compute(dtype), basis=basis)
 
 
-_CUSTOM = {"gemm": _custom_gemm, "moe": _custom_moe}
+CUSTOM_NORM = re.compile(r"(?i)^(?!.*reshape).*(rms_?norm|layer_?norm|qk_norm)")
+CUSTOM_GLU = re.compile(r"(?i)((silu|gelu\w*|relu)_and_mul|swiglu|geglu)")
+CUSTOM_ROTARY = re.compile(r"(?i)rotary")
+CUSTOM_KV_WRITE = re.compile(r"(?i)(kv_cache_update|set_kv_buffer|reshape_and_cache)")
+
+
+def _activations(a: _Args) -> list[int]:
+    """The floating-point tensor arguments of two or more dimensions, largest shape last."""
+    found = [i for i in a.tensors() if len(a.shape(i)) >= 2 and a.types[i] in FLOAT_RANK]
+    return sorted(found, key=lambda i: _numel(a.shape(i)))
+
+
+def _custom_norm(op: str, a: _Args, name: str) -> Cost:
+    acts = _activations(a)
+    if not acts:
+        raise NotModelled(f"{name}: no recorded activation to normalize")
+    shapes = list(dict.fromkeys(tuple(a.shape(i)) for i in acts))
+    first = {s: next(i for i in acts if tuple(a.shape(i)) == s) for s in shapes}
+    added = "add" in op.lower()
+    moved = sum(a.bytes(i) for i in first.values()) * (2 if added else 1)
+    hidden = {s[-1] for s in shapes}
+    weights = [i for i in a.tensors() if len(a.shape(i)) == 1 and a.shape(i)[0] in hidden]
+    elements = sum(_numel(list(s)) for s in shapes)
+    per = flop_table.NORM_FLOPS["native_layer_norm" if "layer" in op.lower() else "rms_norm"]
+    basis = (
+        f"{name} read as a norm by its signature: activations {[list(s) for s in shapes]}"
+        + (
+            " with a fused residual add (x and residual read, out and residual written)"
+            if added
+            else ""
+        )
+        + (f", weight {a.shape(weights[0])}" if weights else "")
+    )
+    return Cost(
+        "norm",
+        flops=elements * (per + (1 if added else 0)),
+        bytes_read=moved + sum(a.bytes(i) for i in weights),
+        bytes_written=moved,
+        dtype=_compute(a.dtype(first[shapes[0]])),
+        basis=basis,
+    )
+
+
+def _custom_glu(op: str, a: _Args, name: str) -> Cost:
+    acts = _activations(a)
+    if len(acts) != 2:
+        raise NotModelled(f"{name}: not one [T, 2N] input and one [T, N] output")
+    out, x = acts
+    (t_out, n), (t_in, two_n) = a.shape(out)[-2:], a.shape(x)[-2:]
+    if t_out != t_in or two_n != 2 * n:
+        raise NotModelled(f"{name}: {a.shape(x)} is not [T, 2N] of {a.shape(out)}")
+    act = re.match(r"(?i)(silu|gelu\w*|relu)", op)
+    per = flop_table.ELEMENTWISE_FLOPS.get(act.group(1).lower() if act else "silu", 1) + 1
+    elements = _numel(a.shape(out))
+    basis = f"{name} read as act(gate) * up by its signature: {a.shape(x)} in, {a.shape(out)} out"
+    dtype = a.dtype(x)
+    return Cost(
+        "elementwise", elements * per, 0.0, a.bytes(x), a.bytes(out), _compute(dtype), basis=basis
+    )
+
+
+def _custom_rotary(op: str, a: _Args, name: str) -> Cost:
+    tensors = a.tensors()
+    rows = [i for i in tensors if len(a.shape(i)) == 1 and a.types[i] not in FLOAT_RANK]
+    acts = [i for i in tensors if len(a.shape(i)) >= 2 and a.types[i] in FLOAT_RANK]
+    if not rows or len(acts) < 2:
+        raise NotModelled(f"{name}: no [T] positions and q, k, cos/sin cache recorded")
+    tokens = a.shape(rows[0])[0]
+    cache = max(acts, key=lambda i: a.shape(i)[0])
+    qk = [i for i in acts if i != cache and a.shape(i)[0] == tokens]
+    if not qk:
+        raise NotModelled(f"{name}: no [T, ...] query or key of the {tokens} positions")
+    moved = sum(a.bytes(i) for i in qk)
+    cache_rows = tokens * a.shape(cache)[-1] * ITEMSIZE[a.dtype(cache)]
+    elements = sum(_numel(a.shape(i)) for i in qk)
+    basis = (
+        f"{name} read as rotary embedding in place: q/k {[a.shape(i) for i in qk]}, "
+        f"{tokens} rows of the cos/sin cache {a.shape(cache)}"
+    )
+    read = moved + cache_rows + a.bytes(rows[0])
+    return Cost(
+        "elementwise", 3.0 * elements, 0.0, read, moved, _compute(a.dtype(qk[0])), basis=basis
+    )
+
+
+def _custom_kv_write(op: str, a: _Args, name: str) -> Cost:
+    acts = _activations(a)
+    if len(acts) < 2:
+        raise NotModelled(f"{name}: no recorded k and v")
+    step = a.shape(acts[0])
+    kv = [i for i in acts if a.shape(i) == step]
+    if len(kv) < 2:
+        raise NotModelled(f"{name}: k and v of one shape not recorded")
+    moved = sum(a.bytes(i) for i in kv[:2])
+    basis = f"{name} read as a KV-cache write: k and v {step} copied into the cache"
+    return Cost("copy", 0.0, 0.0, moved, moved, _compute(a.dtype(kv[0])), basis=basis)
+
+
+_CUSTOM = {
+    "gemm": _custom_gemm,
+    "moe": _custom_moe,
+    "norm": _custom_norm,
+    "glu": _custom_glu,
+    "rotary": _custom_rotary,
+    "kv_write": _custom_kv_write,
+}
 
 
 # -- attention ----------------------------------------------------------------------------

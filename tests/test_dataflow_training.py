@@ -1,6 +1,7 @@
 """A training step's backward and optimizer read as PyTorch writes them, against the
 Execution Trace (`readers/foreach_adam.py`, `readers/saved_operands.py`,
-`readers/bias_gelu_backward.py`)."""
+`readers/bias_gelu_backward.py`, `readers/parameter_order.py`,
+`readers/saved_inputs.py`)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,33 @@ def test_bias_gelu_backward_reads_as_written() -> None:
     read, exact = _read("tp_train", "shape+bias-gelu-backward")
     assert len(read) == 2 * 26  # two layers
     assert read <= exact
+
+
+def test_sgd_steps_read_their_own_gradients_in_parameters_order() -> None:
+    """`tp_train`'s layer registers its row-parallel biases itself and its LayerNorms as
+    submodules: `parameters()` yields both biases before both norms' weights and biases,
+    although the forward uses them interleaved. Each `[hidden]` step read another
+    parameter's gradient (12 of 24 wrong); ordered by module (own parameters first), each
+    of the 24 steps reads its own (`readers/parameter_order.py`)."""
+    read, exact = _read("tp_train", "shape+optimizer-step")
+    assert len(read) == 24
+    assert read <= exact
+
+
+@pytest.mark.parametrize("name", ["gpt2_train_ce", "tp_train", "cnn_train"])
+def test_norm_and_product_backward_read_the_gradient_then_the_saved_input(name: str) -> None:
+    """`native_layer_norm_backward(grad, input, ...)`, `native_batch_norm_backward(grad,
+    input, ...)`, dropout's `grad * mask`: slot 0 took an older value of the backward (the
+    previous norm's backward), slot 1 the gradient, and the saved input was missed
+    (`readers/saved_inputs.py`)."""
+    read, exact = _read(name, "shape+saved-input")
+    assert len(read) >= 4
+    assert read <= exact
+    trace = corpus_trace(name)
+    norms = trace.dataflow_ops.filter(
+        pl.col("name").is_in(
+            ["aten::native_layer_norm_backward", "aten::native_batch_norm_backward"]
+        )
+    )["event"]
+    into = trace.dataflow.filter(pl.col("consumer").is_in(norms.implode()))
+    assert set(into.select("producer", "consumer").iter_rows()) <= exact

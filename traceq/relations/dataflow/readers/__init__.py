@@ -34,8 +34,10 @@ from traceq.relations.dataflow.readers import (
     loop_carried,
     normalized,
     optimizer_steps,
+    parameter_order,
     repeats,
     rotary,
+    saved_inputs,
     saved_operands,
     scalars,
     shortcuts,
@@ -74,8 +76,10 @@ READERS: tuple[Reader, ...] = (
     gradients.reads,  # input buffers
     accumulated_gradients.reads,  # a norm's weight and bias gradients
     optimizer_steps.reads,  # SGD's add_(param, grad)
+    parameter_order.reads,  # ... in model.parameters() order
     foreach_adam.reads,  # Adam's tensor lists
     saved_operands.reads,  # a GEMM backward's saved operands
+    saved_inputs.reads,  # a norm's and a product's backward
     bias_gelu_backward.reads,  # Megatron's bias_gelu_back
     unsized_views.reads,
 )

@@ -111,6 +111,23 @@ def test_ops_returning_their_input_are_not_producers(name: str) -> None:
     assert right / len(_pairs(readers)) >= 0.75
 
 
+@pytest.mark.parametrize("name", ["tp_block", "tp_train"])
+def test_a_layer_reads_the_output_of_the_layer_chained_before_it(name: str) -> None:
+    """Megatron layers called one after another by the script (`x = layer_1(layer_0(x))`,
+    no module around them): each layer's first norm reads the residual `add` that ended the
+    layer before, as the ET says, and the add+LayerNorm fusion (TQ107) is found on inferred
+    data flow as on exact. Values used never to cross from one outermost module call into
+    another, which is right only for calls of the same model (`generate`, an ensemble)."""
+    trace = corpus_trace(name)
+    exact = _pairs(tensor_edges(trace, corpus_et(name), trace.dataflow_ops))
+    names = dict(trace.dataflow_ops.select("event", "name").iter_rows())
+    residual_into_norm = {
+        (p, c) for p, c in exact if names[c] == "aten::layer_norm" and names[p] == "aten::add"
+    }
+    assert residual_into_norm and residual_into_norm <= _pairs(trace.dataflow)
+    assert _keys(_findings(trace, "TQ107")) == _keys(_exact_findings(name, "TQ107"))
+
+
 def test_in_place_ops_match_the_et() -> None:
     """`h.mul_(0.5).add_(x).relu_()`, `proj(h).sigmoid_()`, `h * g`: the sigmoid_ reads
     the GEMM just before it, the mul reads what relu_ and sigmoid_ wrote."""

@@ -681,9 +681,15 @@ def _candidates(nodes: pl.DataFrame, inputs: pl.DataFrame) -> pl.DataFrame:
         & (pl.col("_pkind") == shapes.GEMM)
         & (pl.col("_pin_numel") == pl.col("_numel"))
     ).fill_null(False)
-    # a value never crosses from one forward call (outermost module call) into another
+    # a value never crosses from one forward call (outermost module call) into another of
+    # the same module (a `generate` loop, a model called again); it does cross from one
+    # module to the next when the script chains them itself (`x = layer_1(layer_0(x))`)
+    root = pl.col("_module").str.split(".").list.first()
     one_call = (
-        (pl.col("_top") == -1) | (pl.col("_ptop") == -1) | (pl.col("_top") == pl.col("_ptop"))
+        (pl.col("_top") == -1)
+        | (pl.col("_ptop") == -1)
+        | (pl.col("_top") == pl.col("_ptop"))
+        | (root != pl.col("_pmodule").str.split(".").list.first()).fill_null(False)
     )
     inside = (pl.col("ts_ns") >= pl.col("_pscope_start")) & (
         pl.col("ts_ns") < pl.col("_pscope_end")

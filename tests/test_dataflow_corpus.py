@@ -225,8 +225,9 @@ KINDS = {
 """Kinds added after them, with the edge precision and recall each holds over its entries
 (micro-averaged): eager attention 0.951 / 0.933 before `readers/attention_operands.py`,
 0.980 / 0.962 with it; the tensor-parallel block 0.932 / 0.872 before
-`readers/bias_gelu.py`, 0.979 / 0.979 with it; the training steps 0.953 / 0.928 (706 of 741
-right, 761 exact; 0.926 / 0.903 before `readers/parameter_order.py` and
+`readers/bias_gelu.py`, 0.979 / 0.979 with it; the training steps 0.955 / 0.930 (708 of 741
+right, 761 exact; 0.953 / 0.928 before `readers/softmax_backward.py` and layers chained
+across calls; 0.926 / 0.903 before `readers/parameter_order.py` and
 `readers/saved_inputs.py`, 0.860 / 0.732 before `readers/foreach_adam.py`,
 `readers/saved_operands.py` and `readers/bias_gelu_backward.py`, 0.775 / 0.704 before
 `readers/optimizer_steps.py` and `readers/bias_gelu.py`, 0.752 / 0.666 before the backward

@@ -87,3 +87,29 @@ def test_norm_and_product_backward_read_the_gradient_then_the_saved_input(name: 
     )["event"]
     into = trace.dataflow.filter(pl.col("consumer").is_in(norms.implode()))
     assert set(into.select("producer", "consumer").iter_rows()) <= exact
+
+
+@pytest.mark.parametrize("name", ["cnn_train", "tp_train", "gpt2_train_ce"])
+def test_softmax_backward_reads_the_gradient_in_slot_zero(name: str) -> None:
+    """`_softmax_backward_data(grad, output, ...)` and its log twin: the gradient (the newer
+    value) in slot 0, as the ET has it; the older value in slot 1 only when a softmax made
+    it. Shape and order had them the other way round (`cnn_train`: the logits' `linear` in
+    slot 0; `tp_train`: another layer's backward `reshape`)."""
+    trace = corpus_trace(name)
+    truth, _ = ground_truth(trace, corpus_et(name), trace.dataflow_ops)
+    ops = trace.dataflow_ops
+    backward = ops.filter(pl.col("name").str.contains("softmax_backward_data"))["event"]
+    assert backward.len() > 0
+    inferred = trace.dataflow.filter(
+        pl.col("consumer").is_in(backward.implode()) & pl.col("input_index").is_in([0, 1])
+    )
+    exact = {
+        (p, c, i) for p, c, i in truth.select("producer", "consumer", "input_index").iter_rows()
+    }
+    slot_zero = {
+        r for r in inferred.select("producer", "consumer", "input_index").iter_rows() if r[2] == 0
+    }
+    assert slot_zero and slot_zero <= exact
+    names = dict(ops.select("event", "name").iter_rows())
+    slot_one = inferred.filter(pl.col("input_index") == 1)["producer"].to_list()
+    assert all("softmax" in names[p] for p in slot_one)

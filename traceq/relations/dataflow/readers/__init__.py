@@ -42,6 +42,7 @@ from traceq.relations.dataflow.readers import (
     scalars,
     shortcuts,
     sibling_projections,
+    softmax_backward,
     twins,
     unsized_views,
 )
@@ -80,6 +81,7 @@ READERS: tuple[Reader, ...] = (
     foreach_adam.reads,  # Adam's tensor lists
     saved_operands.reads,  # a GEMM backward's saved operands
     saved_inputs.reads,  # a norm's and a product's backward
+    softmax_backward.reads,  # a softmax's backward: gradient, then saved output
     bias_gelu_backward.reads,  # Megatron's bias_gelu_back
     unsized_views.reads,
 )

@@ -396,6 +396,12 @@ def edge_of(
     return columns + [pl.col(source).alias(name) for name, source in more.items()]
 
 
+def edge_rows(rows: list[tuple[int | None, int, int | None]]) -> pl.DataFrame:
+    """Edges a reader found one at a time, as (producer, consumer, input_index) tuples."""
+    schema = {"producer": pl.Int64, "consumer": pl.Int64, "input_index": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
 def with_moved(edges: pl.DataFrame, moved: pl.DataFrame, why: str) -> pl.DataFrame:
     """`edges` with the `moved` ones (same columns and `_to`) starting at `_to` instead."""
     if moved.height == 0:

@@ -100,7 +100,7 @@ def backward_reads(edges: pl.DataFrame, trace: LoadedTrace, ops: pl.DataFrame) -
     numbered = trace.ops.filter(pl.col("sequence_number").is_not_null()).select(
         pl.col("event").cast(pl.Int64), "sequence_number", "ts_ns"
     )
-    forward = _semantic_roots(numbered, trace, ops).join(in_node, on="event", how="anti")
+    forward = semantic_roots(numbered, trace, ops).join(in_node, on="event", how="anti")
     roots = (
         forward.sort("ts_ns")
         .group_by("sequence_number")
@@ -149,13 +149,15 @@ def backward_reads(edges: pl.DataFrame, trace: LoadedTrace, ops: pl.DataFrame) -
     return edges.with_row_index("_row").join(dropped, on="_row", how="anti").drop("_row")
 
 
-def _semantic_roots(numbered: pl.DataFrame, trace: LoadedTrace, ops: pl.DataFrame) -> pl.DataFrame:
-    """`numbered` with `event` the op of `ops` each ran in (itself, or an enclosing one)."""
+def semantic_roots(numbered: pl.DataFrame, trace: LoadedTrace, ops: pl.DataFrame) -> pl.DataFrame:
+    """`numbered` with `event` the op of `ops` each ran in: itself, or the nearest enclosing
+    one within `MAX_DEPTH` levels (rows with none are dropped); other columns kept."""
     semantic = ops.select("event")
     parents = trace.ops.select(
         pl.col("event").cast(pl.Int64).alias("_up"), pl.col("parent").cast(pl.Int64).alias("_next")
     )
     walk = numbered.rename({"event": "_up"})
+    kept = [c for c in walk.columns if c != "_up"]
     found = []
     for _ in range(MAX_DEPTH):
         hit = walk.join(semantic, left_on="_up", right_on="event", how="semi")
@@ -163,7 +165,7 @@ def _semantic_roots(numbered: pl.DataFrame, trace: LoadedTrace, ops: pl.DataFram
         walk = (
             walk.join(hit, on="_up", how="anti")
             .join(parents, on="_up")
-            .select(pl.col("_next").alias("_up"), "sequence_number", "ts_ns")
+            .select(pl.col("_next").alias("_up"), *kept)
             .drop_nulls("_up")
         )
         if walk.height == 0:

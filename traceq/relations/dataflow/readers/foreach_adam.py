@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from traceq.relations.dataflow import shapes
-from traceq.relations.dataflow.matching import CONFIDENCE, THREAD, shape_key
+from traceq.relations.dataflow.matching import CONFIDENCE, THREAD, edge_rows, shape_key
 from traceq.relations.dataflow.readers.optimizer_steps import stored_gradients
 
 if TYPE_CHECKING:
@@ -111,11 +111,7 @@ def foreach_adam_reads(
         rows += _updates(group, grads, before)
     if not rows:
         return edges
-    read = pl.DataFrame(
-        rows,
-        schema={"producer": pl.Int64, "consumer": pl.Int64, "input_index": pl.Int64},
-        orient="row",
-    ).with_columns(
+    read = edge_rows(rows).with_columns(
         pl.lit(None, dtype=pl.List(pl.Int64)).alias("shape"),
         pl.lit(CONFIDENCE["same-module"]).alias("confidence"),
         pl.lit("list+foreach-adam").alias("evidence"),

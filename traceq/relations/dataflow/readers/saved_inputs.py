@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from traceq.relations.dataflow import shapes
-from traceq.relations.dataflow.matching import CONFIDENCE
-from traceq.relations.dataflow.readers.backward_reads import MAX_DEPTH, backward_nodes
+from traceq.relations.dataflow.matching import CONFIDENCE, edge_rows
+from traceq.relations.dataflow.readers.backward_reads import backward_nodes, semantic_roots
 
 if TYPE_CHECKING:
     from traceq.relations.dataflow.edges import Flow
@@ -115,11 +115,7 @@ def saved_input_reads(edges: pl.DataFrame, flow: Flow) -> pl.DataFrame:
             rows += [(gradient, event, 0), (saved, event, 1)]
     if not rows:
         return edges
-    read = pl.DataFrame(
-        rows,
-        schema={"producer": pl.Int64, "consumer": pl.Int64, "input_index": pl.Int64},
-        orient="row",
-    )
+    read = edge_rows(rows)
     key = ["consumer", "input_index"]
     kept = edges.join(read.select(key), on=key, how="anti", nulls_equal=False)
     read = (
@@ -141,33 +137,23 @@ def _forward_ops(flow: Flow, numbers: pl.Series) -> pl.DataFrame:
     """Per sequence number in `numbers`: the semantic op its forward op ran in, and
     whether it ran inside that op (`_inside`) rather than being it."""
     names = {name for _, forward in NODES.values() for name in forward}
-    ops = flow.all_ops
-    semantic = set(flow.ops["event"].to_list())
-    parent = dict(
-        ops.select(pl.col("event").cast(pl.Int64), pl.col("parent").cast(pl.Int64)).iter_rows()
-    )
     found = (
-        ops.filter(
+        flow.all_ops.filter(
             pl.col("sequence_number").is_in(numbers.implode())
             & shapes.base_name().is_in(list(names))
             & pl.col("shapes").is_not_null()
         )
         .sort("ts_ns")
         .unique("sequence_number", keep="first")
+        .select(pl.col("event").cast(pl.Int64), "sequence_number")
     )
-    name_of = dict(flow.ops.select("event", shapes.base_name().alias("_name")).iter_rows())
-    rows = []
-    for event, number in found.select(
-        pl.col("event").cast(pl.Int64), "sequence_number"
-    ).iter_rows():
-        root, hops = event, 0
-        while root is not None and root not in semantic and hops < MAX_DEPTH:
-            root, hops = parent.get(root), hops + 1
-        if root not in semantic:
-            continue
-        rows.append((number, root, name_of[root] not in names))
-    return pl.DataFrame(
-        rows,
-        schema={"sequence_number": pl.Int64, "_forward": pl.Int64, "_inside": pl.Boolean},
-        orient="row",
+    name_of = flow.ops.select("event", shapes.base_name().alias("_name"))
+    return (
+        semantic_roots(found, flow.trace, flow.ops)
+        .join(name_of, on="event")
+        .select(
+            "sequence_number",
+            pl.col("event").alias("_forward"),
+            ~pl.col("_name").is_in(list(names)).alias("_inside"),
+        )
     )

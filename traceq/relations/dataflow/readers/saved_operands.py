@@ -40,7 +40,7 @@ import polars as pl
 
 from traceq.relations.dataflow import shapes
 from traceq.relations.dataflow.matching import CONFIDENCE
-from traceq.relations.dataflow.readers.backward_reads import MAX_DEPTH, backward_nodes
+from traceq.relations.dataflow.readers.backward_reads import backward_nodes, semantic_roots
 
 if TYPE_CHECKING:
     from traceq.relations.dataflow.edges import Flow
@@ -257,44 +257,25 @@ def _forward_gemms(flow: Flow) -> pl.DataFrame:
     """Per sequence number of a forward GEMM of `OPERANDS`: its dims, types, strides
     (`_gemm_*`), and `_forward`, the semantic op it ran in, with that op's dims and
     types (`_forward_dims`, `_forward_types`)."""
-    ops = flow.all_ops
-    semantic = set(flow.ops["event"].to_list())
-    parent = dict(
-        ops.select(pl.col("event").cast(pl.Int64), pl.col("parent").cast(pl.Int64)).iter_rows()
-    )
     gemms = (
-        ops.filter(
+        flow.all_ops.filter(
             pl.col("sequence_number").is_not_null()
             & shapes.base_name().is_in(list(OPERANDS))
             & pl.col("shapes").is_not_null()
         )
         .sort("ts_ns")
         .unique("sequence_number", keep="first")
+        .select(
+            pl.col("event").cast(pl.Int64),
+            "sequence_number",
+            pl.col("event").cast(pl.Int64).alias("_gemm"),
+            shapes.base_name().alias("_gemm_name"),
+            pl.col("shapes").alias("_gemm_dims"),
+            pl.col("input_types").alias("_gemm_types"),
+            pl.col("input_strides").alias("_gemm_strides"),
+        )
     )
-    rows = []
-    for event, seq, name, dims, types, strides in gemms.select(
-        pl.col("event").cast(pl.Int64),
-        "sequence_number",
-        shapes.base_name().alias("_name"),
-        "shapes",
-        "input_types",
-        "input_strides",
-    ).iter_rows():
-        root, hops = event, 0
-        while root is not None and root not in semantic and hops < MAX_DEPTH:
-            root, hops = parent.get(root), hops + 1
-        if root in semantic:
-            rows.append((seq, event, name, dims, types, strides, root))
-    schema = {
-        "sequence_number": pl.Int64,
-        "_gemm": pl.Int64,
-        "_gemm_name": pl.String,
-        "_gemm_dims": pl.List(pl.List(pl.Int64)),
-        "_gemm_types": pl.List(pl.String),
-        "_gemm_strides": pl.List(pl.List(pl.Int64)),
-        "_forward": pl.Int64,
-    }
-    found = pl.DataFrame(rows, schema=schema, orient="row")
+    found = semantic_roots(gemms, flow.trace, flow.ops).rename({"event": "_forward"})
     forward = flow.nodes.select(
         pl.col("event").alias("_forward"),
         shapes.base_name().alias("_forward_name"),

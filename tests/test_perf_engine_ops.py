@@ -77,8 +77,10 @@ def op_row(roofs: dict[Path, pl.DataFrame], path: Path, name: str) -> dict:
 def test_engine_op_bytes_equal_the_raw_signature(roofs, path, name, expected) -> None:
     row = op_row(roofs, path, name)
     assert row["modelled"], row["why_not"]
-    read, written = expected(*raw_signature(path, name))
+    dims, types = raw_signature(path, name)
+    read, written = expected(dims, types)
     assert (row["bytes_read"], row["bytes_written"]) == (read, written)
+    assert name in row["cost_basis"]  # how it was read, for the user to check
 
 
 def test_silu_and_mul_flops_are_the_activation_and_the_product(roofs) -> None:

@@ -8,7 +8,11 @@ Limits stated here and tested below:
   limit (the ancestor-pair table they built before needed 3.5 GB for 8,000);
 - rank counts: a job never enumerates more than `MISSING_LISTED` ranks from a stated
   `world_size` (it counts the rest), and a rank that does not fit 64 bits is left out;
-- name lengths: an op name of 1 MiB is carried, not matched character by character.
+- name lengths: an op name of 1 MiB is carried, not matched character by character;
+- recorded sizes: a dimension past `shapes.MAX_DIM` (2**48) or a shape of more than
+  `shapes.MAX_NUMEL` (2**62) elements is no shape (unknown, as a missing one): the loader
+  reads integers up to 3.4e38, and ten dimensions of 1e37 once ended every fusion rule and
+  the roofline in an `OverflowError` traceback.
 """
 
 from __future__ import annotations
@@ -294,3 +298,33 @@ def test_a_one_mebibyte_op_name_is_carried_in_bounded_time(tmp_path: Path) -> No
         """
     )
     assert out.split() == ["baseline", "0", "check", "0", "True"]
+
+
+HUGE = 10**37  # within what the loader reads (3.4e38), far past int64
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [[[HUGE, HUGE], [HUGE, HUGE]], [[HUGE] * 10, [HUGE] * 10], [[2**40] * 2, [2**40] * 2]],
+    ids=["dims-past-int64", "numel-past-any-float", "numel-past-int64"],
+)
+def test_sizes_no_tensor_can_have_are_no_shape(tmp_path: Path, dims: list[list[int]]) -> None:
+    from traceq.perf.cost import op_cost
+    from traceq.relations.dataflow.shapes import is_shape
+
+    types = ["float", "float"]
+    events = [
+        op(name, ts=10 + 60 * i, dur=50, args={"Input Dims": dims, "Input type": types,
+                                                "External id": i + 1})
+        for i, name in enumerate(["aten::mm", "aten::add", "vllm::rms_norm", "aten::mul"])
+    ]  # fmt: skip
+    path = write(tmp_path / "sizes.json", events)
+    for command in (["analyze"], ["roofline"], ["info"], ["critical-path"], ["report", "-o",
+                    str(tmp_path / "r.html")]):  # fmt: skip
+        result = CliRunner().invoke(main, [*command, str(path), "--no-cache"])
+        assert result.exit_code in (0, 1), (command, result.output[-2000:])
+        assert result.exception is None or isinstance(result.exception, SystemExit), command
+    assert not any(is_shape(d) for d in dims)
+    assert not op_cost("aten::mm", dims, types, ["", ""]).modelled
+    outputs = traceq.load(path).dataflow_ops["output_shape"].drop_nulls().to_list()
+    assert all(is_shape(s) for s in outputs)  # none made from the sizes that are no shape

@@ -53,6 +53,7 @@ import polars as pl
 
 from traceq.perf import flop_table
 from traceq.perf.traffic import ITEMSIZE
+from traceq.relations.dataflow.shapes import is_shape
 from traceq.relations.opnames import base_name
 from traceq.relations.vocabulary import (
     ALIASES,
@@ -377,12 +378,7 @@ class _Args:
         self.dims, self.types, self.concrete = dims, types, concrete
 
     def is_tensor(self, i: int) -> bool:
-        return (
-            i < len(self.dims)
-            and self.types[i] not in NOT_TENSOR
-            and isinstance(self.dims[i], list)
-            and all(isinstance(d, int) for d in self.dims[i])
-        )
+        return i < len(self.dims) and self.types[i] not in NOT_TENSOR and is_shape(self.dims[i])
 
     def shape(self, i: int) -> list[int]:
         if not self.is_tensor(i):

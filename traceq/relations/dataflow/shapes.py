@@ -314,7 +314,7 @@ def signature(
     tensors = [
         (i, d)
         for i, (d, t) in enumerate(zip(dims, types, strict=False))
-        if t not in NOT_TENSOR and _is_shape(d)
+        if t not in NOT_TENSOR and is_shape(d)
     ]
     op = base_name(name)
     plain = _plain(op)
@@ -324,7 +324,7 @@ def signature(
         output = _output(kind, plain, op, dims, tensors, concrete)
     except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError):
         output = None
-    if not _is_shape(output):  # junk dims (lists in lists) give junk out: unknown
+    if not is_shape(output):  # junk dims (lists in lists) give junk out: unknown
         output = None
     inputs = [(i, d) for i, d in tensors if i in _data_positions(kind, plain, i)]
     inputs = sorted(inputs + list_elements(dims, types), key=lambda e: e[0])
@@ -344,7 +344,7 @@ def list_elements(dims: list, types: list[str]) -> list[tuple[int, Shape]]:
         for i, (d, t) in enumerate(zip(dims, types, strict=False))
         if t == "TensorList" and isinstance(d, list)
         for element in d
-        if _is_shape(element)
+        if is_shape(element)
     ]
 
 
@@ -364,16 +364,28 @@ def _parse(text: str | None) -> list | None:
         return None
 
 
-def _is_shape(value: object) -> bool:
-    """A list of sizes: plain ints (a JSON `true` is not a size)."""
-    return isinstance(value, list) and all(type(v) is int for v in value)
+MAX_DIM = 2**48
+"""The largest size one dimension may record: a tensor holds at most 2**62 elements (its
+element count is an int64); a size past either bound comes from a corrupt or hostile trace
+and is no shape at all (unknown, as a missing one)."""
+MAX_NUMEL = 2**62
+
+
+def is_shape(value: object) -> bool:
+    """A list of sizes: plain ints (a JSON `true` is not a size) no larger than `MAX_DIM`,
+    together at most `MAX_NUMEL` elements."""
+    return (
+        isinstance(value, list)
+        and all(type(v) is int and v <= MAX_DIM for v in value)
+        and abs(math.prod(value)) <= MAX_NUMEL
+    )
 
 
 def _ints(text: str) -> list[int] | None:
     value = _parse(text)
     if isinstance(value, int):
         return [value]
-    if _is_shape(value):
+    if is_shape(value):
         return value
     return None
 
@@ -563,7 +575,7 @@ def _output(
     if op in GRADIENT_OUTPUTS:
         return next(iter(gradient_outputs(op, dims, concrete)), None)
     if op in _ELEMENTS_SHAPED:
-        return dims[0] if _is_shape(dims[0]) else None
+        return dims[0] if is_shape(dims[0]) else None
     if op in VALUES_AND_INDICES and first is not None:
         return _values_and_indices(op, first, concrete)
     if op.startswith(("upsample_", "_upsample_")) and first is not None:
@@ -600,17 +612,17 @@ def gradient_outputs(op: str, dims: list, concrete: list[str]) -> list[Shape]:
     mask = [word.strip() == "True" for word in concrete[at].strip("[]").split(",")]
     if len(mask) != 3:
         mask = [True, True, True]
-    x = dims[1] if _is_shape(dims[1]) else None
+    x = dims[1] if is_shape(dims[1]) else None
     if op == "convolution_backward":
         w = dims[2]
         bias = _ints(concrete[3]) if len(concrete) > 3 and concrete[3] else None
-        made = [x, w, bias if bias else ([w[0]] if _is_shape(w) and w else None)]
+        made = [x, w, bias if bias else ([w[0]] if is_shape(w) and w else None)]
     elif op == "native_layer_norm_backward":
         made = [x, dims[5] or None, dims[6] or None]
     else:
         channels = [x[1]] if x is not None and len(x) > 1 else None
         made = [x, channels, channels]
-    return [s for s, wanted in zip(made, mask, strict=True) if wanted and _is_shape(s)]
+    return [s for s, wanted in zip(made, mask, strict=True) if wanted and is_shape(s)]
 
 
 def _collective_in_place(dims: list) -> Shape | None:
@@ -619,7 +631,7 @@ def _collective_in_place(dims: list) -> Shape | None:
     (DDP's bucket views after the allreduce, the copy back of broadcast parameters). Known
     only for a one-tensor list; several tensors have no one result shape."""
     tensors = dims[0] if dims and isinstance(dims[0], list) else []
-    return tensors[0] if len(tensors) == 1 and _is_shape(tensors[0]) else None
+    return tensors[0] if len(tensors) == 1 and is_shape(tensors[0]) else None
 
 
 def _upsampled(x: Shape, concrete: list[str]) -> Shape | None:
@@ -699,7 +711,7 @@ def _gemm(op: str, dims: list) -> Shape | None:
 def _view_output(op: str, dims: list, x: Shape | None, concrete: list[str]) -> Shape | None:
     if op in ("cat", "stack"):
         parts = dims[0]
-        if not parts or not all(_is_shape(p) for p in parts):
+        if not parts or not all(is_shape(p) for p in parts):
             return None
         parts = [p for p in parts if p != [0]]
         dim = _int(concrete[1], 0) if len(concrete) > 1 else 0
@@ -722,7 +734,7 @@ def _view_output(op: str, dims: list, x: Shape | None, concrete: list[str]) -> S
         lead = len(size) - rank
         return [x[k - lead] if s == -1 else s for k, s in enumerate(size)]
     if op in ("expand_as", "view_as", "reshape_as"):
-        return dims[1] if len(dims) > 1 and _is_shape(dims[1]) else None
+        return dims[1] if len(dims) > 1 and is_shape(dims[1]) else None
     if op in ("t", "numpy_T"):
         return x[::-1]
     if op == "transpose":

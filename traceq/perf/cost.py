@@ -42,7 +42,6 @@ FlopCounterMode):
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ import polars as pl
 
 from traceq.perf import flop_table
 from traceq.perf.traffic import ITEMSIZE
-from traceq.relations.dataflow.shapes import is_shape
+from traceq.relations.dataflow.shapes import is_shape, parse_dims
 from traceq.relations.opnames import base_name
 from traceq.relations.vocabulary import (
     ALIASES,
@@ -303,7 +302,7 @@ def op_cost(
     name: str, input_dims: str | list | None, types: list[str] | None, concrete: list[str] | None
 ) -> Cost:
     """FLOPs and bytes of one op call from its recorded signature."""
-    dims = _parse(input_dims) if not isinstance(input_dims, list) else input_dims
+    dims = parse_dims(input_dims) if not isinstance(input_dims, list) else input_dims
     family = family_of(name)
     if not isinstance(dims, list):
         return unmodelled(family, "no input shapes recorded (record_shapes=False)")
@@ -360,15 +359,6 @@ def family_of(name: str) -> str:
 
 def _plain(op: str) -> str:
     return op[:-1] if op.endswith("_") and not op.endswith("__") else op
-
-
-def _parse(text: str | None) -> list | None:
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 class _Args:

@@ -304,7 +304,7 @@ def signature(
 ) -> Signature:
     """Kind, data inputs and output shape of one op call; `output` is None when unknown."""
     kind = kind_of(name)
-    dims = _parse(input_dims)
+    dims = parse_dims(input_dims)
     if not isinstance(dims, list):
         return Signature(kind, [], None)
     types = list(types or [])
@@ -355,7 +355,8 @@ def numel(shape: Shape) -> int:
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _parse(text: str | None) -> list | None:
+def parse_dims(text: str | None) -> list | None:
+    """A recorded `Input Dims` text as JSON, or None when absent or not JSON."""
     if not text:
         return None
     try:
@@ -382,7 +383,7 @@ def is_shape(value: object) -> bool:
 
 
 def _ints(text: str) -> list[int] | None:
-    value = _parse(text)
+    value = parse_dims(text)
     if isinstance(value, int):
         return [value]
     if is_shape(value):
@@ -588,7 +589,7 @@ def _output(
 def more_outputs(name: str, input_dims: str | None, concrete: list[str] | None) -> list[Shape]:
     """The outputs of one op call beyond its `output_shape` (`gradient_outputs`' second and
     third), none for an op of one output or of pieces of one shape (a split)."""
-    dims = _parse(input_dims)
+    dims = parse_dims(input_dims)
     if not isinstance(dims, list):
         return []
     concrete = list(concrete or [])

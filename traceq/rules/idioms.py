@@ -12,13 +12,15 @@ value, with the casts in between listed beside it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from traceq.perf.savings import fusion_saving, replaced
-from traceq.perf.traffic import ITEMSIZE
+from traceq.perf.traffic import ITEMSIZE, numel
+from traceq.rules.op_classes import ATEN_BASE
 
 if TYPE_CHECKING:
     from traceq.rules.base import Context
@@ -102,15 +104,15 @@ def output_itemsize(row: Mapping[str, Any]) -> int:
 def op_bytes(row: Mapping[str, Any]) -> int:
     """Bytes one op moves if every tensor input is read once and its output written once,
     from its recorded `Input Dims` and `Input type` (0-d scalars move nothing)."""
-    read = sum(size * _numel(shape) for size, shape in _tensor_inputs(row))
+    read = sum(size * math.prod(shape) for size, shape in _tensor_inputs(row))
     out = row.get("output_shape")
-    written = _numel(out) * output_itemsize(row) if out is not None else 0
+    written = math.prod(out) * output_itemsize(row) if out is not None else 0
     return read + written
 
 
 def tensor_bytes(shape: Iterable[int] | None, dtype: str | None) -> int:
     """Bytes of one tensor of `shape` in the profiler's `dtype` (4 per element if unknown)."""
-    return _numel(shape) * ITEMSIZE.get(dtype or "", 4) if shape is not None else 0
+    return math.prod(shape) * ITEMSIZE.get(dtype or "", 4) if shape is not None else 0
 
 
 def _tensor_inputs(row: Mapping[str, Any]) -> list[tuple[int, list[int]]]:
@@ -121,13 +123,6 @@ def _tensor_inputs(row: Mapping[str, Any]) -> list[tuple[int, list[int]]]:
         if shape and dtype in ITEMSIZE:
             found.append((ITEMSIZE[dtype], shape))
     return found
-
-
-def _numel(shape: Iterable[int] | None) -> int:
-    total = 1
-    for d in shape or []:
-        total *= d
-    return total
 
 
 def fused_saving(
@@ -193,3 +188,107 @@ def byte_rows(ops: pl.DataFrame, events: Iterable[int]) -> dict[int, dict[str, A
 
 def dtype_text(dtype: str | None) -> str:
     return DTYPE_NAME.get(dtype or "", dtype or "?")
+
+
+# -- following data flow (TQ106, TQ109) ----------------------------------------------------
+
+
+def chain_ops(ops: pl.DataFrame) -> pl.DataFrame:
+    """Per op: its aten base name, role, output elements and rank: what `walk` follows."""
+    return ops.select(
+        "event",
+        ATEN_BASE.alias("_base"),
+        "role",
+        numel(pl.col("output_shape")).alias("_numel"),
+        pl.col("output_shape").list.len().alias("_rank"),
+    )
+
+
+def walk(
+    starts: pl.DataFrame,
+    ops: pl.DataFrame,
+    edges: pl.DataFrame,
+    through: tuple[str, ...],
+    targets: pl.DataFrame,
+    max_hops: int,
+    direction: str = "back",
+) -> pl.DataFrame:
+    """From each `start` (with `size`: elements of the tensor followed) along the data flow
+    through ops named in `through` whose output has `size` elements, to an op of `targets`
+    (`event`) with an output of that size: up to what made it (`direction="back"`), or down
+    to what reads it (`"forward"`). One row per start that reaches one: `start`, `target`,
+    `path` (the ops passed, nearest the start first; event ids) and `reads` (the input index
+    each op of `path` + [start] read the followed tensor at, target side first). The nearest
+    target wins (the lowest event id among the nearest)."""
+    info = chain_ops(ops)
+    here, there = ("consumer", "producer") if direction == "back" else ("producer", "consumer")
+    links = edges.select(pl.col(here).alias("_at"), pl.col(there).alias("_next"), "input_index")
+    passable = info.filter(pl.col("_base").is_in(list(through))).select(
+        pl.col("event").alias("_next"), pl.col("_numel").alias("size")
+    )
+    target_ids = targets.select(pl.col("event").alias("_next"))
+    sizes = info.select(pl.col("event").alias("_next"), pl.col("_numel").alias("_next_numel"))
+    frontier = starts.select(
+        "start",
+        "size",
+        pl.col("start").alias("_at"),
+        pl.lit([], dtype=pl.List(pl.Int64)).alias("path"),
+        pl.lit([], dtype=pl.List(pl.Int64)).alias("reads"),
+    )
+    found = []
+    for _ in range(max_hops + 1):
+        if frontier.height == 0:
+            break
+        step = (
+            frontier.join(links, on="_at")
+            .join(sizes, on="_next")
+            .filter(~pl.col("path").list.contains(pl.col("_next")))
+        )
+        # the input index at which the tensor entered the consumer of this hop
+        step = step.with_columns(
+            pl.concat_list(
+                pl.col("reads"), pl.col("input_index").fill_null(-1).cast(pl.Int64)
+            ).alias("reads")
+        )
+        # going back, the target wrote the tensor followed; going forward it reads it
+        hit = step.join(target_ids, on="_next", how="semi")
+        if direction == "back":
+            hit = hit.filter(pl.col("_next_numel") == pl.col("size"))
+        hit = hit.select("start", pl.col("_next").alias("target"), "path", "reads")
+        found.append(hit)
+        frontier = step.join(passable, on=["_next", "size"], how="semi").select(
+            "start",
+            "size",
+            pl.col("_next").alias("_at"),
+            pl.concat_list("path", pl.col("_next")).alias("path"),
+            "reads",
+        )
+    if not found:
+        return pl.DataFrame(
+            schema={
+                "start": pl.Int64,
+                "target": pl.Int64,
+                "path": pl.List(pl.Int64),
+                "reads": pl.List(pl.Int64),
+            }
+        )
+    return (
+        pl.concat(found)
+        .with_columns(pl.col("path").list.len().alias("_hops"))
+        .sort("start", "_hops", "target")
+        .unique("start", keep="first", maintain_order=True)
+        .drop("_hops")
+    )
+
+
+def computes(ctx: Context, events: list[int], may_alias: tuple[str, ...]) -> set[int]:
+    """Of `events`, those that wrote a tensor of their own: every op not in `may_alias`,
+    and those that ran a child op (`aten::to` -> `_to_copy`, `dropout` -> `native_dropout`);
+    a cast to its own dtype or dropout in eval returns its input."""
+    rows = ctx.trace.ops.select(pl.col("event").cast(pl.Int64), "name", "parent")
+    wanted = rows.filter(pl.col("event").is_in(events))
+    alias = wanted.filter(ATEN_BASE.is_in(list(may_alias)))["event"].to_list()
+    parents = set(
+        rows.filter(pl.col("parent").cast(pl.Int64).is_in(alias))["parent"].cast(pl.Int64)
+    )
+    return {e for e in wanted["event"].to_list() if e not in alias or e in parents}

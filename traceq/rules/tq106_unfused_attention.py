@@ -8,7 +8,7 @@ probabilities. The backward pass has the same shape around `_softmax_backward_da
 GEMM writes dP, dropout's backward and casts pass it on, the softmax backward writes dS,
 the scale's backward reads it, and GEMMs read dS. Sites that repeat across layers (same
 module path less layer indices, same ops and shapes, same model call and step) are one
-finding: "N sites in M layers". `walk_back` / `walk_forward` are shared with TQ109.
+finding: "N sites in M layers". `idioms.walk` follows the data flow (shared with TQ109).
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ from typing import Any
 
 import polars as pl
 
-from traceq.perf.traffic import ITEMSIZE, numel
+from traceq.perf.traffic import ITEMSIZE
 from traceq.rules.base import Context, rule
 from traceq.rules.common import common_module
 from traceq.rules.details import details, located, mib, shape_text
 from traceq.rules.finding import Finding, normalize_module
-from traceq.rules.idioms import model_saving
-from traceq.rules.op_classes import ATEN_BASE
+from traceq.rules.idioms import chain_ops, computes, model_saving, walk
 from traceq.rules.op_groups import fusion_edges, fusion_ops
 
 SOFTMAX = ("softmax", "_softmax")
@@ -70,116 +69,6 @@ HF_STACK = "transformers/models/"
 DEFAULTS = {"min_confidence": 0.4, "min_saving_us": 0.0, "max_hops": 4}
 
 
-def _chain_ops(ops: pl.DataFrame) -> pl.DataFrame:
-    return ops.select(
-        "event",
-        ATEN_BASE.alias("_base"),
-        "role",
-        numel(pl.col("output_shape")).alias("_numel"),
-        pl.col("output_shape").list.len().alias("_rank"),
-    )
-
-
-def walk_back(
-    starts: pl.DataFrame,
-    ops: pl.DataFrame,
-    edges: pl.DataFrame,
-    through: tuple[str, ...],
-    targets: pl.DataFrame,
-    max_hops: int,
-) -> pl.DataFrame:
-    """From each `start` (with `size`: elements of the tensor followed), up the data flow
-    through ops named in `through` whose output has `size` elements, to an op of `targets`
-    (`event`) with an output of that size. One row per start that reaches one: `start`,
-    `target`, `path` (the ops passed, nearest the start first; event ids) and `reads`
-    (the input index each op of `path` + [start] read the followed tensor at, target side
-    first). The nearest target wins."""
-    return _walk(starts, ops, edges, through, targets, max_hops, "back")
-
-
-def walk_forward(
-    starts: pl.DataFrame,
-    ops: pl.DataFrame,
-    edges: pl.DataFrame,
-    through: tuple[str, ...],
-    targets: pl.DataFrame,
-    max_hops: int,
-) -> pl.DataFrame:
-    """`walk_back` in the direction of the data: from each start down to the first target op
-    reading a tensor of `size` elements (the lowest event id among the nearest)."""
-    return _walk(starts, ops, edges, through, targets, max_hops, "forward")
-
-
-def _walk(
-    starts: pl.DataFrame,
-    ops: pl.DataFrame,
-    edges: pl.DataFrame,
-    through: tuple[str, ...],
-    targets: pl.DataFrame,
-    max_hops: int,
-    direction: str,
-) -> pl.DataFrame:
-    info = _chain_ops(ops)
-    here, there = ("consumer", "producer") if direction == "back" else ("producer", "consumer")
-    links = edges.select(pl.col(here).alias("_at"), pl.col(there).alias("_next"), "input_index")
-    passable = info.filter(pl.col("_base").is_in(list(through))).select(
-        pl.col("event").alias("_next"), pl.col("_numel").alias("size")
-    )
-    target_ids = targets.select(pl.col("event").alias("_next"))
-    sizes = info.select(pl.col("event").alias("_next"), pl.col("_numel").alias("_next_numel"))
-    frontier = starts.select(
-        "start",
-        "size",
-        pl.col("start").alias("_at"),
-        pl.lit([], dtype=pl.List(pl.Int64)).alias("path"),
-        pl.lit([], dtype=pl.List(pl.Int64)).alias("reads"),
-    )
-    found = []
-    for _ in range(max_hops + 1):
-        if frontier.height == 0:
-            break
-        step = (
-            frontier.join(links, on="_at")
-            .join(sizes, on="_next")
-            .filter(~pl.col("path").list.contains(pl.col("_next")))
-        )
-        # the input index at which the tensor entered the consumer of this hop
-        step = step.with_columns(
-            pl.concat_list(
-                pl.col("reads"), pl.col("input_index").fill_null(-1).cast(pl.Int64)
-            ).alias("reads")
-        )
-        # going back, the target wrote the tensor followed; going forward it reads it
-        hit = step.join(target_ids, on="_next", how="semi")
-        if direction == "back":
-            hit = hit.filter(pl.col("_next_numel") == pl.col("size"))
-        hit = hit.select("start", pl.col("_next").alias("target"), "path", "reads")
-        found.append(hit)
-        frontier = step.join(passable, on=["_next", "size"], how="semi").select(
-            "start",
-            "size",
-            pl.col("_next").alias("_at"),
-            pl.concat_list("path", pl.col("_next")).alias("path"),
-            "reads",
-        )
-    if not found:
-        return pl.DataFrame(
-            schema={
-                "start": pl.Int64,
-                "target": pl.Int64,
-                "path": pl.List(pl.Int64),
-                "reads": pl.List(pl.Int64),
-            }
-        )
-    return (
-        pl.concat(found)
-        .with_columns(pl.col("path").list.len().alias("_hops"))
-        .sort("start", "_hops", "target")
-        .unique("start", keep="first", maintain_order=True)
-        .drop("_hops")
-    )
-
-
 def attention_sites(
     ops: pl.DataFrame, edges: pl.DataFrame, min_confidence: float = 0.0, max_hops: int = 4
 ) -> pl.DataFrame:
@@ -189,7 +78,7 @@ def attention_sites(
     in data order), `gemm_out` (reads the probabilities, or dS), `score_shape`.
     """
     trusted = edges.filter(pl.col("confidence") >= min_confidence)
-    info = _chain_ops(ops)
+    info = chain_ops(ops)
     softmaxes = info.filter(
         pl.col("_base").is_in([*SOFTMAX, *SOFTMAX_BACKWARD]) & (pl.col("_rank") >= 3)
     ).select(
@@ -198,8 +87,8 @@ def attention_sites(
         pl.col("_base").is_in(list(SOFTMAX_BACKWARD)).alias("backward"),
     )
     gemms = info.filter(pl.col("_base").is_in(list(SCORE_GEMMS))).select("event")
-    back = walk_back(softmaxes, ops, trusted, SCORE_OPS, gemms, max_hops)
-    forward = walk_forward(softmaxes, ops, trusted, SCORE_OPS, gemms, max_hops)
+    back = walk(softmaxes, ops, trusted, SCORE_OPS, gemms, max_hops, "back")
+    forward = walk(softmaxes, ops, trusted, SCORE_OPS, gemms, max_hops, "forward")
     shapes = ops.select(pl.col("event").alias("softmax"), pl.col("output_shape").alias("score"))
     return (
         softmaxes.join(
@@ -235,19 +124,6 @@ def attention_sites(
         )
         .sort("softmax")
     )
-
-
-def computes(ctx: Context, events: list[int], may_alias: tuple[str, ...] = MAY_ALIAS) -> set[int]:
-    """Of `events`, those that wrote a tensor of their own: every op not in `may_alias`,
-    and those that ran a child op (`aten::to` -> `_to_copy`, `dropout` -> `native_dropout`);
-    a cast to its own dtype or dropout in eval returns its input."""
-    rows = ctx.trace.ops.select(pl.col("event").cast(pl.Int64), "name", "parent")
-    wanted = rows.filter(pl.col("event").is_in(events))
-    alias = wanted.filter(ATEN_BASE.is_in(list(may_alias)))["event"].to_list()
-    parents = set(
-        rows.filter(pl.col("parent").cast(pl.Int64).is_in(alias))["parent"].cast(pl.Int64)
-    )
-    return {e for e in wanted["event"].to_list() if e not in alias or e in parents}
 
 
 def _input_itemsize(row: dict[str, Any], index: int) -> int:
@@ -354,7 +230,7 @@ def check(ctx: Context) -> Iterator[Finding]:
     }
     for e, r in extra.items():
         rows[e] = {**rows[e], **r}
-    computing = computes(ctx, events)
+    computing = computes(ctx, events, MAY_ALIAS)
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for site in sites.iter_rows(named=True):
         # an op that returned its input (a cast to its own dtype, dropout in eval) is no part

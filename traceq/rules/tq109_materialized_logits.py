@@ -1,7 +1,7 @@
 """TQ109 materialized-logits: a GEMM writes [tokens, vocab] logits, a cast may copy them to
 fp32, and a separate `cross_entropy` / `log_softmax` / `nll_loss` reads them.
 
-Found on data flow (`walk_back` of TQ106): from each loss op's input back through casts
+Found on data flow (`idioms.walk`, as TQ106): from each loss op's input back through casts
 (views bypassed) to the GEMM that wrote the logits, whose last dimension is a vocabulary:
 at least `min_vocab`, or the row count of an embedding table the trace looks up (a tied
 LM head of a small vocabulary). The backward ops of the same loss (`nll_loss_backward`,
@@ -20,10 +20,9 @@ from traceq.perf.traffic import ITEMSIZE, numel
 from traceq.rules.base import Context, rule
 from traceq.rules.details import details, located, mib, shape_text
 from traceq.rules.finding import Finding
-from traceq.rules.idioms import model_saving
+from traceq.rules.idioms import computes, model_saving, walk
 from traceq.rules.op_classes import ATEN_BASE
 from traceq.rules.op_groups import fusion_edges, fusion_ops
-from traceq.rules.tq106_unfused_attention import computes, walk_back
 
 LOSSES = (
     "cross_entropy_loss",
@@ -61,7 +60,7 @@ def logits_sites(
     gemms = ops.filter(
         (pl.col("role") == "gemm") & ((vocab >= min_vocab) | vocab.is_in(list(rows)))
     ).select("event", pl.col("output_shape").alias("logits_shape"), vocab.alias("vocab"))
-    found = walk_back(losses, ops, trusted, CASTS, gemms.select("event"), 3)
+    found = walk(losses, ops, trusted, CASTS, gemms.select("event"), 3)
     return (
         found.join(gemms, left_on="target", right_on="event")
         .select(
